@@ -1,0 +1,271 @@
+"""The paper's "one additional output layer" per task shape (§3, Figure 4), and the pre-training heads.
+
+Each head takes labels and then returns a loss; labels equal to -100 are ignored, as in PyTorch's
+cross-entropy. Shapes: B batch, S sequence length, H hidden, V vocabulary, P masked positions,
+C choices, K labels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .bert import BertModel, activation
+from .config import BertConfig
+from .pretrained import PreTrainedBert
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class PreTrainingOutput:
+    prediction_logits: torch.Tensor  # (B, P, V) at masked_lm_positions, (N, V) for `labels`, else (B, S, V)
+    seq_relationship_logits: torch.Tensor  # (B, 2): IsNext = 0, NotNext = 1
+    loss: torch.Tensor | None = None
+    mlm_loss: torch.Tensor | None = None
+    nsp_loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class TaskOutput:
+    logits: torch.Tensor
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    start_logits: torch.Tensor  # (B, S): S · T_i
+    end_logits: torch.Tensor  # (B, S): E · T_i
+    loss: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def gather_indexes(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """sequence (B, S, H), positions (B, P) -> (B, P, H), as Google's `gather_indexes`."""
+    return sequence.gather(1, positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1]))
+
+
+class PredictionHeadTransform(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.activation(self.dense(hidden_states)))
+
+
+class MaskedLMHead(nn.Module):
+    """Dense + GELU + LayerNorm, then the output projection tied to the word embeddings, plus a bias."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.transform = PredictionHeadTransform(config)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden_states: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+        """hidden_states (..., H), word_embeddings (V, H) -> logits (..., V)."""
+        return F.linear(self.transform(hidden_states), word_embeddings, self.bias)
+
+
+class MaskedLMHeadOnly(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = MaskedLMHead(config)
+
+
+class PreTrainingHeads(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.predictions = MaskedLMHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+def _masked_lm(encoder: BertModel, head: MaskedLMHead, sequence: torch.Tensor,
+               masked_lm_positions: torch.Tensor | None, masked_lm_labels: torch.Tensor | None,
+               labels: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """MLM logits and loss, the vocabulary projection computed only where a prediction is asked for.
+
+    With `masked_lm_positions` (B, P) and `masked_lm_labels` (B, P), Google's layout; with `labels`
+    (B, S), -100 except at the masked tokens, the masked rows are selected; with neither, every
+    position is scored (fill-mask).
+    """
+    word_embeddings = encoder.embeddings.word_embeddings.weight
+    if masked_lm_positions is not None:
+        logits = head(gather_indexes(sequence, masked_lm_positions), word_embeddings)
+        targets = masked_lm_labels
+    elif labels is not None:
+        selected = labels != IGNORE_INDEX
+        logits = head(sequence[selected], word_embeddings)
+        targets = labels[selected]
+    else:
+        return head(sequence, word_embeddings), None
+    if targets is None:
+        return logits, None
+    return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+
+
+class BertForPreTraining(PreTrainedBert):
+    """Masked LM + next sentence prediction (§3.1). The loss is their sum."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.cls = PreTrainingHeads(config)
+        self.init_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        masked_lm_positions: torch.Tensor | None = None,
+        masked_lm_labels: torch.Tensor | None = None,
+        next_sentence_label: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+    ) -> PreTrainingOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        logits, mlm_loss = _masked_lm(self.bert, self.cls.predictions, out.last_hidden_state,
+                                      masked_lm_positions, masked_lm_labels, labels)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output)
+        nsp_loss = None
+        if next_sentence_label is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), next_sentence_label.reshape(-1),
+                                       ignore_index=IGNORE_INDEX)
+        losses = [x for x in (mlm_loss, nsp_loss) if x is not None]
+        return PreTrainingOutput(
+            prediction_logits=logits, seq_relationship_logits=nsp_logits,
+            loss=sum(losses) if losses else None, mlm_loss=mlm_loss, nsp_loss=nsp_loss,
+            hidden_states=out.hidden_states, attentions=out.attentions,
+        )
+
+
+class BertForMaskedLM(PreTrainedBert):
+    """Masked LM only (fill-mask; the no-NSP ablation). Logits over every position unless positions are given."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.cls = MaskedLMHeadOnly(config)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                masked_lm_positions=None, masked_lm_labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        logits, loss = _masked_lm(self.bert, self.cls.predictions, out.last_hidden_state,
+                                  masked_lm_positions, masked_lm_labels, labels)
+        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+    p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+    return nn.Dropout(p)
+
+
+class BertForSequenceClassification(PreTrainedBert):
+    """softmax(C Wᵀ) over K labels from the pooled [CLS] vector C; K = 1 is regression with MSE."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
+        loss = None
+        if labels is not None:
+            if self.num_labels == 1:
+                loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                loss = F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
+        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class BertForTokenClassification(PreTrainedBert):
+    """A label per token from its final hidden vector (NER; the paper labels the first sub-token)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, K)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1),
+                                   ignore_index=IGNORE_INDEX)
+        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+
+class BertForQuestionAnswering(PreTrainedBert):
+    """A start vector S and an end vector E; P(start = i) = softmax_i(S · T_i) (§4.2)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
+                end_positions=None, output_hidden_states=False, output_attentions=False) -> QuestionAnsweringOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, S) each
+        loss = None
+        if start_positions is not None and end_positions is not None:
+            seq_length = start_logits.shape[1]
+            # A gold position outside the window counts as "ignored" rather than crashing the loss.
+            start = start_positions.reshape(-1).clamp(0, seq_length)
+            end = end_positions.reshape(-1).clamp(0, seq_length)
+            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=seq_length)
+                    + F.cross_entropy(end_logits.float(), end, ignore_index=seq_length)) / 2
+        return QuestionAnsweringOutput(start_logits.contiguous(), end_logits.contiguous(), loss,
+                                       out.hidden_states, out.attentions)
+
+
+class BertForMultipleChoice(PreTrainedBert):
+    """One score V · C_i per choice, softmax across the choices (SWAG, §4.4)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__(config)
+        self.bert = BertModel(config)
+        self.dropout = _classifier_dropout(config)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        self.init_weights()
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
+                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+        """input_ids, token_type_ids, attention_mask: (B, C, S) -> logits (B, C)."""
+        num_choices = input_ids.shape[1]
+
+        def flat(x):
+            return None if x is None else x.reshape(-1, x.shape[-1])
+
+        out = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask),
+                        output_hidden_states, output_attentions)
+        logits = self.classifier(self.dropout(out.pooler_output)).view(-1, num_choices)
+        loss = None if labels is None else F.cross_entropy(logits.float(), labels.reshape(-1))
+        return TaskOutput(logits, loss, out.hidden_states, out.attentions)

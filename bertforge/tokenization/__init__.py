@@ -1,0 +1,6 @@
+"""WordPiece tokenization exactly as Google's tokenization.py, on a fast and a reference backend."""
+
+from .tokenizer import BertTokenizer, truncated_lengths
+from .vocab import SPECIAL_TOKENS, load_vocab, train_vocab
+
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "load_vocab", "train_vocab", "truncated_lengths"]

@@ -1,0 +1,80 @@
+"""WordPiece vocabularies: reading `vocab.txt`, checking its special tokens, training one from text."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Iterable
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
+VOCAB_NAME = "vocab.txt"
+
+
+def load_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """token -> id, one token per line, id = line number (as Google's `load_vocab`).
+
+    Raises if a BERT special token is missing: without them no input can be built.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / VOCAB_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"vocabulary file not found: {path}")
+    vocab: dict[str, int] = {}
+    with open(path, encoding="utf-8") as handle:
+        for index, line in enumerate(handle):
+            vocab[line.strip()] = index
+    missing = [token for token in SPECIAL_TOKENS if token not in vocab]
+    if missing:
+        raise ValueError(f"{path}: the vocabulary lacks the special token(s) {', '.join(missing)}; "
+                         f"a BERT vocabulary needs all of {', '.join(SPECIAL_TOKENS)}")
+    return vocab
+
+
+def save_vocab(vocab: dict[str, int], path: str | os.PathLike) -> None:
+    tokens = sorted(vocab, key=vocab.get)
+    Path(path).write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+
+
+def vocab_fingerprint(vocab: dict[str, int]) -> str:
+    """A short hash that changes when any token or id changes (stored with pre-training data)."""
+    digest = hashlib.sha256("\n".join(sorted(vocab, key=vocab.get)).encode("utf-8"))
+    return digest.hexdigest()[:16]
+
+
+def looks_cased(vocab: Iterable[str]) -> bool:
+    """True if the vocabulary has upper-case tokens: it was built from text that was not lower-cased."""
+    return any(any("A" <= c <= "Z" for c in token) for token in vocab
+               if not (token.startswith("[") and token.endswith("]")))
+
+
+def train_vocab(files: Iterable[str | os.PathLike], vocab_size: int = 30522, lowercase: bool = True,
+                min_frequency: int = 2, output: str | os.PathLike | None = None,
+                show_progress: bool = True) -> dict[str, int]:
+    """Train a WordPiece vocabulary on text files with the `tokenizers` trainer.
+
+    Text is normalised and split exactly as BertTokenizer does before WordPiece, so every trained
+    piece can be produced. The five specials come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    files = [str(f) for f in files]
+    for file in files:
+        if not Path(file).is_file():
+            raise FileNotFoundError(f"vocabulary training input not found: {file}")
+    if vocab_size <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
+    tokenizer = Tokenizer(models.WordPiece(unk_token=UNK))
+    tokenizer.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
+        continuing_subword_prefix="##", show_progress=show_progress)
+    tokenizer.train(files, trainer)
+    vocab = tokenizer.get_vocab()
+    if output is not None:
+        save_vocab(vocab, output)
+    return vocab
