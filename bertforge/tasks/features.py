@@ -1,0 +1,108 @@
+"""The feature-based approach (§5.3): hidden states of chosen layers as fixed contextual features.
+
+`extract_features` writes the JSON-lines format of Google's `extract_features.py`: one line per
+input example, `{"linex_index": i, "features": [{"token": t, "layers": [{"index": -1, "values":
+[...]}, ...]}, ...]}`, values rounded to 6 decimals. Layer indexes count encoder layers as Google
+does: -1 is the last layer, 0 the first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ..modeling import BertModel
+from ..tokenization import BertTokenizer
+
+PAIR_SEPARATOR = " ||| "
+
+
+def read_examples(path: str | os.PathLike) -> list[tuple[str, str | None]]:
+    """One example per line; `text_a ||| text_b` for a pair. An empty line is an error naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    examples = []
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            line = line.rstrip("\n")
+            if not line.strip():
+                raise ValueError(f"{path}:{number}: empty line (every line must hold a text)")
+            text_a, _, text_b = line.partition("|||")
+            examples.append((text_a.strip(), text_b.strip() if _ else None))
+    return examples
+
+
+def layer_features(model: BertModel, tokenizer: BertTokenizer, examples: Sequence[tuple[str, str | None]],
+                   layers: Sequence[int], max_seq_length: int = 128, batch_size: int = 32,
+                   progress: bool = False) -> Iterator[tuple[list[str], np.ndarray]]:
+    """For each example: its tokens and an array (len(layers), tokens, H) of the chosen layers."""
+    num_layers = model.config.num_hidden_layers
+    for index in layers:
+        if not -num_layers <= index < num_layers:
+            raise ValueError(f"layer index {index} out of range for a {num_layers}-layer model "
+                             f"(use -{num_layers}..{num_layers - 1})")
+    device = next(model.parameters()).device
+    bar = tqdm(total=len(examples), desc="features", unit="ex", disable=not progress)
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        texts_b = [b for _, b in chunk]
+        has_pair = [b is not None for b in texts_b]
+        # Pairs and singles are packed differently: encode each kind, keep the input order.
+        rows: list = [None] * len(chunk)
+        for pair in (False, True):
+            idx = [i for i, p in enumerate(has_pair) if p == pair]
+            if idx:
+                enc = tokenizer.encode_batch([chunk[i][0] for i in idx], [texts_b[i] for i in idx] if pair else None,
+                                             max_length=max_seq_length, padding=False)
+                for i, row in zip(idx, enc):
+                    rows[i] = row
+        length = max(len(r["input_ids"]) for r in rows)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([r["input_ids"] + [pad] * (length - len(r["input_ids"])) for r in rows])
+        token_type_ids = torch.tensor([r["token_type_ids"] + [0] * (length - len(r["input_ids"])) for r in rows])
+        attention_mask = (torch.arange(length)[None, :] < torch.tensor([len(r["input_ids"]) for r in rows])[:, None])
+        with torch.inference_mode():
+            out = model(input_ids.to(device), token_type_ids.to(device), attention_mask.long().to(device),
+                        output_hidden_states=True)
+        encoder_layers = out.hidden_states[1:]
+        stacked = torch.stack([encoder_layers[i] for i in layers], dim=1).float().cpu().numpy()  # (B, layers, S, H)
+        for b, row in enumerate(rows):
+            n = len(row["input_ids"])
+            yield tokenizer.convert_ids_to_tokens(row["input_ids"]), stacked[b, :, :n]
+        bar.update(len(chunk))
+    bar.close()
+
+
+def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike, output_file: str | os.PathLike,
+                     layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128, batch_size: int = 32,
+                     progress: bool = True) -> int:
+    """Write Google's extract_features.py JSON lines for every example of `input_file`; returns the count."""
+    model = BertModel.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    examples = read_examples(input_file)
+    output_file = Path(output_file)
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=output_file.parent, prefix=f".{output_file.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            features = layer_features(model, tokenizer, examples, layers, max_seq_length, batch_size, progress)
+            for line_index, (tokens, values) in enumerate(features):
+                values = np.round(values, 6)
+                record = {"linex_index": line_index, "features": [
+                    {"token": token, "layers": [{"index": layer, "values": values[j, t].tolist()}
+                                                for j, layer in enumerate(layers)]}
+                    for t, token in enumerate(tokens)]}
+                out.write(json.dumps(record) + "\n")
+        os.replace(temporary, output_file)  # never leave a half-written file under the final name
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+    return len(examples)
