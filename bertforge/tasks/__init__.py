@@ -1,0 +1,1 @@
+"""Fine-tuning and feature extraction, one module per task family."""
