@@ -57,6 +57,44 @@ def cmd_quickstart(args: argparse.Namespace) -> None:
     run_quickstart(args.output_dir)
 
 
+def cmd_prepare_pretraining(args: argparse.Namespace) -> None:
+    from .pretraining import prepare_pretraining
+
+    index = prepare_pretraining(
+        _expand(args.input), args.vocab, args.output_dir, max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
+        short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, whole_word_mask=args.whole_word_mask,
+        masking=args.masking, do_lower_case=args.do_lower_case, seed=args.seed, workers=args.workers,
+        input_format=args.input_format, shard_size=args.shard_size, buffer_documents=args.buffer_documents,
+        buffer_tokens=args.buffer_tokens, progress=not args.quiet)
+    stats = index["stats"]
+    print(f"wrote {args.output_dir}: {index['num_instances']} instances in {len(index['shards'])} shard(s) from "
+          f"{index['num_documents']} document(s) ({args.masking} masking, {stats['is_next']} IsNext, "
+          f"{stats['tokens']} tokens)")
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    import os
+
+    from .pretraining.trainer import arguments_from, run_pretraining
+    from .training import NonFiniteLossError
+
+    try:
+        final = run_pretraining(arguments_from(args))
+    except NonFiniteLossError as error:  # diverged: say where to resume from, no traceback
+        raise SystemExit(f"bertforge pretrain: error: {error}") from None
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"pre-trained {args.config}: log {Path(args.output_dir) / 'log.jsonl'}, "
+              f"checkpoints {Path(args.output_dir) / 'checkpoints'}, model {final}")
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    from .training.plot import plot_log
+
+    written = plot_log(args.run, args.output_dir)
+    print("wrote " + ", ".join(str(p) for p in written))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertforge", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -89,6 +127,76 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="bert_config.json (default: beside the checkpoint)")
     p.add_argument("--vocab", help="vocab.txt (default: beside the checkpoint)")
     p.set_defaults(func=cmd_convert_tf)
+
+    p = commands.add_parser("prepare-pretraining", help="masked-LM / next-sentence instances from raw text")
+    p.add_argument("--input", nargs="+", required=True, help="text files or globs")
+    p.add_argument("--vocab", required=True, help="vocab.txt")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--input-format", choices=("auto", "bert", "text", "wiki"), default="auto",
+                   help="auto: wiki for <doc> files, bert for one-sentence-per-line files, else text")
+    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-predictions-per-seq", type=int, default=20)
+    p.add_argument("--masked-lm-prob", type=float, default=0.15)
+    p.add_argument("--short-seq-prob", type=float, default=0.1)
+    p.add_argument("--dupe-factor", type=int, default=5)
+    p.add_argument("--whole-word-mask", action="store_true")
+    p.add_argument("--masking", choices=("static", "dynamic"), default="static",
+                   help="dynamic: store unmasked, mask at load time (new masks every epoch)")
+    case = p.add_mutually_exclusive_group()
+    case.add_argument("--do-lower-case", dest="do_lower_case", action="store_const", const=True, default=None,
+                      help="(default: guessed from the vocabulary)")
+    case.add_argument("--no-lower-case", dest="do_lower_case", action="store_const", const=False)
+    p.add_argument("--seed", type=int, default=12345)
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--shard-size", type=int, default=65536, help="instances per shard")
+    p.add_argument("--buffer-documents", type=int, default=1000, help="documents kept for NotNext sampling")
+    p.add_argument("--buffer-tokens", type=int, default=4_000_000, help="tokens kept for NotNext sampling")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_prepare_pretraining)
+
+    p = commands.add_parser("pretrain", help="pre-train BERT (masked LM + next sentence) on prepared instances",
+                            description="Pre-train on `prepare-pretraining` output. Multi-process: "
+                            "torchrun --nproc_per_node N -m bertforge pretrain ... (--batch-size stays global).")
+    p.add_argument("--data", required=True, help="prepared instances (prepare-pretraining's output directory)")
+    p.add_argument("--config", default="base",
+                   help="tiny, mini, small, medium, base, large, or a config.json (default: base)")
+    p.add_argument("--output-dir", required=True, help="log.jsonl, checkpoints/ and final/ go here")
+    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch, all processes together")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 1%% of all steps)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps, both phases (default: one epoch of --data)")
+    p.add_argument("--epochs", type=float, help="passes over --data (instead of --max-steps)")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0: none")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=1000, help="checkpoint every N steps (and at the end)")
+    p.add_argument("--keep-last", type=int, default=3, help="checkpoints kept")
+    p.add_argument("--resume", nargs="?", const=True, default=None, metavar="CHECKPOINT",
+                   help="continue OUT's latest checkpoint (or the file/directory given)")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--eval-data", help="prepared instances to evaluate on")
+    p.add_argument("--eval-every", type=int, help="evaluate every N steps (default: at the end)")
+    p.add_argument("--eval-batch-size", type=int, help="per process (default: --batch-size / processes)")
+    p.add_argument("--phase2-data", help="second phase's instances (the paper: 512 tokens)")
+    p.add_argument("--phase2-steps", type=int, help="the last N of --max-steps run on --phase2-data")
+    p.add_argument("--phase2-batch-size", type=int, help="(default: --batch-size)")
+    p.add_argument("--no-nsp", dest="nsp", action="store_false", help="masked LM only, no next-sentence loss")
+    p.add_argument("--objective", choices=("mlm", "ltr"), default="mlm",
+                   help="ltr: left-to-right LM with a causal encoder, no NSP (the paper's ablation)")
+    p.add_argument("--fsdp", action="store_true", help="FullyShardedDataParallel under torchrun (GPU-oriented)")
+    p.add_argument("--num-workers", type=int, default=0, help="data-loading worker processes")
+    p.add_argument("--num-threads", type=int, help="torch threads per process")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: the GPU if there is one)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    p.set_defaults(func=cmd_pretrain)
+
+    p = commands.add_parser("plot", help="PNG curves (loss, accuracy, lr, throughput) of a training run")
+    p.add_argument("run", help="a training output directory (with log.jsonl) or a log.jsonl file")
+    p.add_argument("--output-dir", help="where the PNGs go (default: RUN/plots)")
+    p.set_defaults(func=cmd_plot)
     return parser
 
 

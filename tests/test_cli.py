@@ -5,6 +5,7 @@ from pathlib import Path
 
 from bertforge import BertForPreTraining
 from bertforge.cli import main
+from bertforge.quickstart import run_quickstart
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf_bert_tiny"
 
@@ -24,9 +25,13 @@ def test_convert_tf_missing_checkpoint(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().err
 
 
-def test_quickstart(tmp_path, capsys):
-    assert main(["quickstart", "--output-dir", str(tmp_path)]) == 0
+def test_quickstart_pipeline_learns(tmp_path, capsys):
+    # The real pipeline, shortened: the held-out masked-LM loss must fall from its first evaluation.
+    run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16)
     printed = capsys.readouterr().out
-    assert "Shakespeare" in printed and "features" in printed
-    assert (tmp_path / "model" / "model.safetensors").is_file()
-    assert (tmp_path / "features.jsonl").read_text().count("\n") == 3
+    for stage in ("corpus:", "vocab:", "instances:", "pre-training:", "plots:", "fill-mask", "features:"):
+        assert stage in printed
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["held_out_last_eval"]["eval_mlm_loss"] < report["held_out_first_eval"]["eval_mlm_loss"]
+    assert (tmp_path / "pretrain" / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "features.jsonl").read_text().count("\n") == 2

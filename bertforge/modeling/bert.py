@@ -8,7 +8,7 @@ checkpoints move to and from Hugging Face transformers without renaming.
 
 from __future__ import annotations
 
-import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +25,129 @@ def activation(name: str):
     if name in ("gelu_new", "gelu_pytorch_tanh"):
         return lambda x: F.gelu(x, approximate="tanh")
     return F.relu
+
+
+def inplace_activation(name: str):
+    """`activation(name)` overwriting its input (the same values, bit for bit), or None."""
+    gelu_ = getattr(torch._C._nn, "gelu_", None)
+    if name == "relu":
+        return F.relu_
+    if gelu_ is None:
+        return None
+    if name == "gelu":
+        return gelu_
+    return lambda x: gelu_(x, approximate="tanh")
+
+
+_ONEDNN_LINEAR: list = []  # [op or None], decided on first use
+
+
+def onednn_linear_op():
+    """torch's oneDNN float32 linear kernel (the one Inductor uses on CPU) if opted in, else None.
+
+    Opt in with the environment variable BERTFORGE_ONEDNN_LINEAR=1 (read on first use). For BERT's
+    shapes on a CPU it is 10-35 % faster than the BLAS call behind `F.linear`, which is most of a
+    forward pass, but it rounds differently: hidden states drift from the BLAS results (and from
+    Hugging Face transformers) by up to ~1e-5 in the middle layers of all-MiniLM-L6-v2, so it is not
+    the default. None also where this build of torch lacks the op or a probe disagrees with F.linear.
+    """
+    if not _ONEDNN_LINEAR:
+        op = None
+        if os.environ.get("BERTFORGE_ONEDNN_LINEAR", "0") == "1":
+            try:
+                if torch.backends.mkldnn.is_available():
+                    candidate = torch.ops.mkldnn._linear_pointwise
+                    generator = torch.Generator().manual_seed(0)
+                    x = torch.randn(2, 3, 16, generator=generator)
+                    weight, bias = torch.randn(8, 16, generator=generator), torch.randn(8, generator=generator)
+                    with torch.no_grad():
+                        ok = torch.allclose(candidate(x, weight, bias, "none", [None], ""), F.linear(x, weight, bias),
+                                            rtol=1e-4, atol=1e-5)
+                        ok = ok and torch.allclose(candidate(x, weight, None, "none", [None], ""),
+                                                   F.linear(x, weight), rtol=1e-4, atol=1e-5)
+                    op = candidate if ok else None
+            except Exception:  # not built with oneDNN, or the private op changed: use F.linear
+                op = None
+        _ONEDNN_LINEAR.append(op)
+    return _ONEDNN_LINEAR[0]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`; through oneDNN if opted in (`onednn_linear_op`), without autograd, on CPU float32."""
+    if (
+        not torch.is_grad_enabled() and not _autocasting()
+        and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+        and x.layout == torch.strided and x.is_contiguous() and weight.is_contiguous()
+        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and torch.backends.mkldnn.enabled
+    ):
+        op = onednn_linear_op()
+        if op is not None:
+            return op(x, weight, bias, "none", [None], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose forward is `linear` (oneDNN in inference on CPU, if opted in)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return linear(input, self.weight, self.bias)
+
+
+class Workspace:
+    """Scratch tensors for one inference forward pass on CPU, reused by every layer.
+
+    Each layer's projections (QKV, the 4H expansion, the two H-wide outputs) are consumed within the
+    layer, so one buffer of each shape serves all layers: a fresh allocation per layer costs a page
+    fault per 4 KiB on first touch, ~5 % of a BERT-base forward pass at batch 32. Buffers never
+    escape the forward pass (LayerNorm writes the layer outputs to new tensors), and a workspace
+    belongs to a single call, so concurrent calls do not share one.
+    """
+
+    def __init__(self) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+
+    def get(self, key: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+        tensor = self._tensors.get(key)
+        if tensor is None or tensor.shape != shape or tensor.dtype != like.dtype or tensor.device != like.device:
+            tensor = self._tensors[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
+        return tensor
+
+
+def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            workspace: Workspace | None = None, key: str = "") -> torch.Tensor:
+    """`linear(x, weight, bias)`, written into `workspace`'s buffer `key` when there is one.
+
+    The same BLAS call as `F.linear` (addmm on the flattened input), so the same bits.
+    """
+    if (
+        workspace is None or bias is None or x.dim() < 2 or not x.is_contiguous()
+        or not (x.dtype == weight.dtype == bias.dtype) or onednn_linear_op() is not None
+    ):
+        return linear(x, weight, bias)
+    out = workspace.get(key, (*x.shape[:-1], weight.shape[0]), x)
+    torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), out=out.view(-1, weight.shape[0]))
+    return out
+
+
+def _autocasting() -> bool:
+    """Whether autocast is on for any device (its dtype changes would make in-place ops differ)."""
+    is_any = getattr(torch._C, "_is_any_autocast_enabled", None)
+    if is_any is not None:
+        return bool(is_any())
+    return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
+
+
+def may_overwrite_output(*modules: nn.Module) -> bool:
+    """Whether the output of `modules` may be updated in place: no autograd graph is being recorded
+    (inference: `torch.no_grad()`/`inference_mode()`) and no forward hook can have kept a reference.
+
+    Reusing the freshly allocated output of a Linear for the residual add and the activation saves
+    one large allocation each (and its page faults on first touch): ~5-10 % of a CPU forward pass.
+    """
+    if torch.is_grad_enabled() or nn.modules.module._global_forward_hooks or _autocasting():
+        return False
+    return not any(module._forward_hooks for module in modules)
 
 
 @dataclass
@@ -57,10 +180,14 @@ class BertEmbeddings(nn.Module):
             )
         embeddings = self.word_embeddings(input_ids)
         if token_type_ids is None:  # all segment A: one broadcast row instead of a gather
-            embeddings = embeddings + self.token_type_embeddings.weight[0]
+            token_types = self.token_type_embeddings.weight[0]
         else:
-            embeddings = embeddings + self.token_type_embeddings(token_type_ids)
-        embeddings = embeddings + self.position_embeddings.weight[:seq_length]
+            token_types = self.token_type_embeddings(token_type_ids)
+        positions = self.position_embeddings.weight[:seq_length]
+        if may_overwrite_output(self.word_embeddings) and embeddings.dtype == token_types.dtype == positions.dtype:
+            embeddings.add_(token_types).add_(positions)  # same order, same rounding
+        else:
+            embeddings = embeddings + token_types + positions
         return self.dropout(self.LayerNorm(embeddings))
 
 
@@ -75,31 +202,71 @@ class MultiHeadSelfAttention(nn.Module):
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
         self.dropout_p = config.attention_probs_dropout_prob
+        self._share_qkv_storage()
+
+    def _share_qkv_storage(self) -> None:
+        """Lay the query, key and value weights (and biases) side by side in one tensor each.
+
+        The parameters stay three (same objects, names and checkpoint keys); only their memory is
+        adjacent, so that without autograd `_fused` reads the (3H, H) weight in place instead of
+        concatenating ~7 MB per layer and forward pass (BERT-base). In-place updates (loading,
+        optimizers, init) keep the layout; anything that re-allocates a parameter (`.to(dtype)`,
+        `param.data = ...`) just makes `_fused` fall back to concatenating.
+        """
+        with torch.no_grad():
+            for name in ("weight", "bias"):
+                params = [getattr(linear, name) for linear in (self.query, self.key, self.value)]
+                fused = torch.cat([param.detach() for param in params])
+                for param, part in zip(params, fused.split([p.shape[0] for p in params])):
+                    param.data = part
+
+    def _fused(self, name: str) -> torch.Tensor:
+        """The (3H, H) weight or (3H,) bias of the Q, K, V projections, stacked in that order."""
+        params = [getattr(linear, name) for linear in (self.query, self.key, self.value)]
+        if torch.is_grad_enabled() and any(param.requires_grad for param in params):
+            return torch.cat(params)  # autograd reaches each parameter
+        first = params[0]
+        size = first.numel() * first.element_size()
+        storage = first.untyped_storage().data_ptr()
+        adjacent = all(
+            param.is_contiguous() and param.shape == first.shape and param.dtype == first.dtype
+            and param.device == first.device and param.untyped_storage().data_ptr() == storage
+            and param.data_ptr() == first.data_ptr() + i * size
+            for i, param in enumerate(params)
+        )
+        if not adjacent:
+            return torch.cat(params)
+        return first.detach().as_strided((3 * first.shape[0], *first.shape[1:]), first.stride())
 
     def forward(
-        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False
+        self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
+        workspace: Workspace | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states: (B, S, H); mask: bool (B or 1, 1, S or 1, S), True = may attend.
+        """hidden_states: (B, S, H); mask: bool (B or 1, 1, S or 1, K), True = may attend. K < S
+        (without output_attentions) says that keys from K on are masked for every query.
 
         Returns the context (B, S, H) and, if asked, the attention probabilities (B, A, S, S).
         """
         batch, seq_length, hidden = hidden_states.shape
         # One (H, 3H) matmul instead of three (H, H) ones: fewer, larger GEMMs are faster on every
         # backend, and the parameters keep their separate checkpoint names.
-        weight = torch.cat((self.query.weight, self.key.weight, self.value.weight))
-        bias = torch.cat((self.query.bias, self.key.bias, self.value.bias))
-        qkv = F.linear(hidden_states, weight, bias)
+        qkv = project(hidden_states, self._fused("weight"), self._fused("bias"), workspace, "qkv")
         qkv = qkv.view(batch, seq_length, 3, self.num_heads, hidden // self.num_heads).permute(2, 0, 3, 1, 4)
         query, key, value = qkv.unbind(0)  # each (B, A, S, D)
         dropout_p = self.dropout_p if self.training else 0.0
         if output_attentions:
-            scores = query @ key.transpose(-1, -2) / math.sqrt(query.shape[-1])
+            # × D^-½ rather than ÷ √D: the same rounding as scaled_dot_product_attention's default
+            # scale and the ecosystem's eager attention (÷ √D differs by up to ~2e-5 in the probabilities).
+            scores = (query @ key.transpose(-1, -2)) * query.shape[-1] ** -0.5
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
             context = F.dropout(probs, dropout_p, self.training) @ value
         else:
             probs = None
+            keys = seq_length if mask is None else mask.shape[-1]
+            if keys < seq_length:  # the mask covers only the keys any query may see (attention_mask_for)
+                key, value = key[:, :, :keys], value[:, :, :keys]
             context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
         return context.transpose(1, 2).reshape(batch, seq_length, hidden), probs
 
@@ -109,12 +276,19 @@ class ResidualLayerNorm(nn.Module):
 
     def __init__(self, in_features: int, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.dense = Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden_states)) + residual)
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor,
+                workspace: Workspace | None = None) -> torch.Tensor:
+        if workspace is not None:
+            hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "hidden")
+            return self.LayerNorm(self.dropout(hidden_states).add_(residual))
+        hidden_states = self.dropout(self.dense(hidden_states))
+        if may_overwrite_output(self.dense, self.dropout) and hidden_states.dtype == residual.dtype:
+            return self.LayerNorm(hidden_states.add_(residual))
+        return self.LayerNorm(hidden_states + residual)
 
 
 class Attention(nn.Module):
@@ -123,9 +297,9 @@ class Attention(nn.Module):
         self.self = MultiHeadSelfAttention(config)  # named `self` by the checkpoint layout
         self.output = ResidualLayerNorm(config.hidden_size, config)
 
-    def forward(self, hidden_states, mask, output_attentions=False):
-        context, probs = self.self(hidden_states, mask, output_attentions)
-        return self.output(context, hidden_states), probs
+    def forward(self, hidden_states, mask, output_attentions=False, workspace=None):
+        context, probs = self.self(hidden_states, mask, output_attentions, workspace=workspace)
+        return self.output(context, hidden_states, workspace=workspace), probs
 
 
 class FeedForwardExpansion(nn.Module):
@@ -133,11 +307,18 @@ class FeedForwardExpansion(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.activation = activation(config.hidden_act)
+        self.activation_ = inplace_activation(config.hidden_act)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(hidden_states))
+    def forward(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+        if workspace is not None and self.activation_ is not None:
+            hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "intermediate")
+            return self.activation_(hidden_states)
+        hidden_states = self.dense(hidden_states)
+        if self.activation_ is not None and may_overwrite_output(self.dense):
+            return self.activation_(hidden_states)  # (B, S, 4H): the largest tensor of the layer
+        return self.activation(hidden_states)
 
 
 class TransformerLayer(nn.Module):
@@ -149,9 +330,10 @@ class TransformerLayer(nn.Module):
         self.intermediate = FeedForwardExpansion(config)
         self.output = ResidualLayerNorm(config.intermediate_size, config)
 
-    def forward(self, hidden_states, mask, output_attentions=False):
-        attended, probs = self.attention(hidden_states, mask, output_attentions)
-        return self.output(self.intermediate(attended), attended), probs
+    def forward(self, hidden_states, mask, output_attentions=False, workspace=None):
+        attended, probs = self.attention(hidden_states, mask, output_attentions, workspace=workspace)
+        expanded = self.intermediate(attended, workspace=workspace)
+        return self.output(expanded, attended, workspace=workspace), probs
 
 
 class Encoder(nn.Module):
@@ -165,17 +347,25 @@ class Pooler(nn.Module):
 
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return torch.tanh(self.dense(hidden_states[:, 0]))
 
 
+KEY_BLOCK = 32  # keys are cut to a multiple of this: whole SIMD vectors, so the same sums
+
+
 def attention_mask_for(attention_mask: torch.Tensor | None, seq_length: int, is_causal: bool,
-                       device: torch.device) -> torch.Tensor | None:
+                       device: torch.device, trim_keys: bool = False) -> torch.Tensor | None:
     """The boolean mask that scaled_dot_product_attention takes: (B, 1, 1, S), (B or 1, 1, S, S) or None.
 
     None when every token may see every token, so that the fused attention kernels can run.
+
+    With `trim_keys`, the mask's last dimension stops after the last key that any query may see
+    (rounded up to a multiple of KEY_BLOCK): trailing padding common to the whole batch, as
+    `padding="max_length"` leaves it, then costs no attention. Queries are not cut, so every
+    position still gets its output, and the dropped keys had weight exactly 0.
     """
     mask = None
     if attention_mask is not None and not bool(attention_mask.all()):
@@ -183,7 +373,17 @@ def attention_mask_for(attention_mask: torch.Tensor | None, seq_length: int, is_
     if is_causal:
         causal = torch.ones(seq_length, seq_length, dtype=torch.bool, device=device).tril()[None, None]
         mask = causal if mask is None else mask & causal
+    if trim_keys and mask is not None:
+        seen = mask.reshape(-1, mask.shape[-1]).any(0).nonzero()
+        if len(seen):
+            keys = -(-(int(seen[-1]) + 1) // KEY_BLOCK) * KEY_BLOCK
+            if keys < mask.shape[-1]:
+                mask = mask[..., :keys]
     return mask
+
+
+_WORKSPACE_MODULES = (Encoder, nn.ModuleList, TransformerLayer, Attention, MultiHeadSelfAttention,
+                      ResidualLayerNorm, FeedForwardExpansion, nn.Linear, Linear, nn.LayerNorm, nn.Dropout)
 
 
 class BertModel(PreTrainedBert):
@@ -198,6 +398,17 @@ class BertModel(PreTrainedBert):
         self.pooler = Pooler(config) if add_pooling_layer else None
         self.init_weights()
 
+    def _inference_fast_path(self, input_ids: torch.Tensor) -> bool:
+        """Inference on CPU with the encoder as built: no autograd or autocast, no hook anywhere that
+        could keep a reference to a reused buffer (as a module's input or output), and no submodule
+        replaced by another kind (which might not take a workspace or a key-trimmed mask)."""
+        hooks = nn.modules.module
+        if (torch.is_grad_enabled() or input_ids.device.type != "cpu" or _autocasting()
+                or hooks._global_forward_hooks or hooks._global_forward_pre_hooks):
+            return False
+        return all(type(module) in _WORKSPACE_MODULES and not module._forward_hooks
+                   and not module._forward_pre_hooks for module in self.encoder.modules())
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -209,12 +420,20 @@ class BertModel(PreTrainedBert):
         """input_ids, token_type_ids, attention_mask (1 = real token, 0 = padding): (B, S)."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
-        mask = attention_mask_for(attention_mask, input_ids.shape[1], self.config.is_causal, input_ids.device)
+        fast = self._inference_fast_path(input_ids)
+        # Keys are cut only where no (B, A, S, S) probabilities are asked for (and, being on CPU,
+        # finding the last real key costs no device sync).
+        mask = attention_mask_for(attention_mask, input_ids.shape[1], self.config.is_causal, input_ids.device,
+                                  trim_keys=fast and not output_attentions)
         hidden = self.embeddings(input_ids, token_type_ids)
         all_hidden = [hidden] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
+        workspace = Workspace() if fast else None
         for layer in self.encoder.layer:
-            hidden, probs = layer(hidden, mask, output_attentions)
+            if workspace is None:
+                hidden, probs = layer(hidden, mask, output_attentions)
+            else:
+                hidden, probs = layer(hidden, mask, output_attentions, workspace=workspace)
             if output_hidden_states:
                 all_hidden.append(hidden)
             if output_attentions:

@@ -1,0 +1,293 @@
+"""BERT pre-training (Devlin et al. 2019, §3.1 and appendix A.2) on the shared training engine.
+
+The loss is the masked-LM cross-entropy over the masked positions only (the vocabulary projection is
+computed just there, Google's `gather_indexes`) plus the next-sentence cross-entropy on the pooled
+[CLS] vector. Two ablations of the paper's §5.1: `nsp=False` (MLM only) and `objective="ltr"`, a
+left-to-right LM: a causal encoder predicts the next token at every real position from the unmasked
+input (the instance's masked tokens are put back first), without NSP.
+
+Training can run in two phases as the paper's (90% of the steps at 128 tokens, 10% at 512): the
+second continues the same model, optimizer and learning-rate schedule on the second dataset.
+
+`run_pretraining(PretrainingArguments(...))` is what `bertforge pretrain` calls; it writes
+`OUT/log.jsonl`, `OUT/checkpoints/` and, at the end, `OUT/final/` in `from_pretrained` layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..modeling import BertConfig, BertForPreTraining
+from ..modeling.config import PRESETS
+from ..modeling.heads import IGNORE_INDEX
+from ..training import Phase, Trainer, TrainingArguments
+from ..training.checkpoint import latest_checkpoint, seed_everything
+from ..training.distributed import setup
+from ..training.loop import CHECKPOINT_DIR, LOG_NAME
+from .dataset import PretrainingDataset, collate
+
+logger = logging.getLogger("bertforge")
+
+OBJECTIVES = ("mlm", "ltr")
+FINAL_DIR = "final"
+
+
+# -- what one step computes ------------------------------------------------------------------------
+
+def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, counted) over the labels that are not IGNORE_INDEX."""
+    valid = labels != IGNORE_INDEX
+    return ((logits.argmax(-1) == labels) & valid).sum(), valid.sum()
+
+
+class MaskedLMStep:
+    """Masked LM (+ NSP): the paper's objective, or MLM only (`nsp=False`)."""
+
+    def __init__(self, nsp: bool = True):
+        self.nsp = nsp
+
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]):
+        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch["attention_mask"], masked_lm_positions=batch["masked_lm_positions"],
+                    masked_lm_labels=batch["masked_lm_labels"],
+                    next_sentence_label=batch["next_sentence_label"] if self.nsp else None)
+        losses = {"mlm_loss": out.mlm_loss}
+        with torch.no_grad():
+            metrics = {"mlm_accuracy": _accuracy(out.prediction_logits, batch["masked_lm_labels"])}
+            if self.nsp:
+                losses["nsp_loss"] = out.nsp_loss
+                metrics["nsp_accuracy"] = _accuracy(out.seq_relationship_logits, batch["next_sentence_label"])
+        return losses, metrics
+
+    def counts(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Over what each loss is a mean: the masked tokens, and the sentence pairs."""
+        counts = {"mlm_loss": float((batch["masked_lm_labels"] != IGNORE_INDEX).sum())}
+        if self.nsp:
+            counts["nsp_loss"] = float(len(batch["next_sentence_label"]))
+        return counts
+
+    def eval(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        losses, metrics = self(model, batch)
+        counts = {"mlm_loss": metrics["mlm_accuracy"][1]}
+        if self.nsp:
+            counts["nsp_loss"] = len(batch["next_sentence_label"])
+        return {**{name: (value.float() * counts[name], counts[name]) for name, value in losses.items()}, **metrics}
+
+
+def unmasked_input_ids(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The instance's original tokens: the masked-LM labels written back at their positions."""
+    ids = batch["input_ids"].clone()
+    positions, labels = batch["masked_lm_positions"], batch["masked_lm_labels"]
+    valid = labels != IGNORE_INDEX
+    ids.scatter_(1, positions, torch.where(valid, labels, ids.gather(1, positions)))
+    return ids
+
+
+def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position t is labelled with token t + 1; the last real token and padding with IGNORE_INDEX."""
+    labels = torch.full_like(input_ids, IGNORE_INDEX)
+    labels[:, :-1] = torch.where(attention_mask[:, 1:].bool(), input_ids[:, 1:], IGNORE_INDEX)
+    return labels
+
+
+class LeftToRightStep:
+    """The paper's LTR ablation: next-token prediction with a causal (is_causal=True) encoder, no NSP."""
+
+    nsp = False
+
+    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]):
+        ids = unmasked_input_ids(batch)
+        labels = next_token_labels(ids, batch["attention_mask"])
+        out = model(input_ids=ids, token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"],
+                    labels=labels)
+        with torch.no_grad():
+            accuracy = _accuracy(out.prediction_logits, labels[labels != IGNORE_INDEX])
+        return {"lm_loss": out.mlm_loss}, {"lm_accuracy": accuracy}
+
+    def counts(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        # Every real token but the last of each sequence is predicted.
+        return {"lm_loss": float(batch["attention_mask"].sum() - len(batch["attention_mask"]))}
+
+    def eval(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        losses, metrics = self(model, batch)
+        count = metrics["lm_accuracy"][1]
+        return {"lm_loss": (losses["lm_loss"].float() * count, count), **metrics}
+
+
+def perplexity(record: dict[str, Any]) -> dict[str, float]:
+    """eval_perplexity = exp(eval masked-LM (or LM) loss)."""
+    for name in ("eval_mlm_loss", "eval_lm_loss"):
+        if name in record:
+            return {"eval_perplexity": math.exp(min(record[name], 700.0))}
+    return {}
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+@dataclass
+class PretrainingArguments:
+    data: str | os.PathLike
+    output_dir: str | os.PathLike
+    config: str = "base"  # a preset (tiny ... large) or a config.json path
+    vocab: str | os.PathLike | None = None  # default: DATA/vocab.txt
+    batch_size: int = 32
+    grad_accum: int = 1
+    lr: float = 1e-4
+    warmup_steps: int | None = None  # default: 1% of all steps (the paper: 10,000 of 1,000,000)
+    max_steps: int | None = None  # all steps, both phases; None: `epochs` passes (1 if neither is given)
+    epochs: float | None = None
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    precision: str = "fp32"
+    seed: int = 0
+    save_every: int | None = 1000
+    keep_last: int | None = 3
+    resume: str | os.PathLike | bool | None = None  # True: OUT's latest checkpoint (if any); or a path
+    log_every: int = 10
+    eval_data: str | os.PathLike | None = None
+    eval_every: int | None = None
+    eval_batch_size: int | None = None
+    phase2_data: str | os.PathLike | None = None
+    phase2_steps: int | None = None  # the last steps of max_steps (the paper: 100,000 of 1,000,000)
+    phase2_batch_size: int | None = None
+    nsp: bool = True
+    objective: str = "mlm"
+    fsdp: bool = False
+    num_workers: int = 0
+    num_threads: int | None = None
+    device: str | None = None
+    progress: bool = True
+
+
+def open_dataset(path: str | os.PathLike, seed: int) -> PretrainingDataset:
+    """The prepared instances in `path` (bertforge prepare-pretraining's output)."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"pre-training data directory not found: {path}")
+    return PretrainingDataset(path, seed=seed)
+
+
+def resolve_config(name: str, vocab_size: int, objective: str, max_seq_length: int) -> BertConfig:
+    """A preset or config.json, made to fit the data: the preset takes its vocabulary size from it."""
+    if name in PRESETS:
+        config = BertConfig.preset(name, vocab_size=vocab_size)
+    else:
+        path = Path(name)
+        if path.suffix != ".json" and not path.is_file():
+            raise ValueError(f"--config {name!r}: not a preset ({', '.join(PRESETS)}) nor a config.json file")
+        config = BertConfig.from_json_file(path)
+        if config.vocab_size != vocab_size:
+            raise ValueError(f"{path}: vocab_size is {config.vocab_size}, but the data was prepared with a "
+                             f"{vocab_size}-token vocabulary")
+    if objective == "ltr":
+        config = BertConfig.from_dict({**config.to_dict(), "is_causal": True})
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"the data has sequences of {max_seq_length} tokens, the model only "
+                         f"{config.max_position_embeddings} position embeddings")
+    return config
+
+
+def _vocab_file(args: PretrainingArguments) -> Path:
+    """--vocab, else DATA/vocab.txt: the vocabulary the data was made with, shipped with the final model."""
+    path = Path(args.vocab) if args.vocab else Path(args.data) / "vocab.txt"
+    if not path.is_file():
+        raise FileNotFoundError(f"vocabulary not found: {path}; pass --vocab, the vocab.txt the data was prepared with")
+    return path
+
+
+def build_model(config: BertConfig, seed: int, nsp: bool) -> BertForPreTraining:
+    seed_everything(seed)
+    model = BertForPreTraining(config)
+    if not nsp:
+        # No NSP loss: the pooler and NSP classifier get no gradient. Frozen, they stay out of the
+        # optimizer and of DDP's gradient reduction (which would wait for them forever).
+        for module in (model.bert.pooler, model.cls.seq_relationship):
+            module.requires_grad_(False)
+    return model
+
+
+def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None) -> Path:
+    """Pre-train as `args` say; returns OUT/final (the model in from_pretrained layout).
+
+    `stop_at_step` ends the run early (with a checkpoint, no final model), as an interruption would.
+    """
+    from ..tokenization import BertTokenizer
+    from ..tokenization.vocab import load_vocab, vocab_fingerprint
+
+    if args.objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {args.objective!r}")
+    if (args.phase2_data is None) != (args.phase2_steps is None):
+        raise ValueError("a second phase needs both --phase2-data and --phase2-steps")
+    step = LeftToRightStep() if args.objective == "ltr" else MaskedLMStep(nsp=args.nsp)
+    output_dir = Path(args.output_dir)
+
+    train = open_dataset(args.data, args.seed)
+    phase2 = open_dataset(args.phase2_data, args.seed) if args.phase2_data else None
+    evaluation = open_dataset(args.eval_data, args.seed) if args.eval_data else None
+    datasets = [d for d in (train, phase2, evaluation) if d is not None]
+    vocab_file = _vocab_file(args)
+    vocab = load_vocab(vocab_file)
+    vocab_size = max(vocab.values()) + 1
+    config = resolve_config(args.config, vocab_size, args.objective, max(d.index["max_seq_length"] for d in datasets))
+    for dataset in datasets:  # (sequence lengths may differ between phases; resolve_config checked them)
+        dataset.check_compatible(config.vocab_size, vocab_fingerprint(vocab))
+
+    resume = args.resume
+    checkpoints = output_dir / CHECKPOINT_DIR
+    if resume is True or resume == "auto":
+        resume = latest_checkpoint(checkpoints)
+        if resume is None:
+            logger.warning("--resume: no checkpoint in %s, starting from step 0", checkpoints)
+    elif not resume and (latest_checkpoint(checkpoints) is not None or (output_dir / LOG_NAME).exists()):
+        raise ValueError(f"{output_dir} already holds a run: pass --resume to continue it, or another --output-dir")
+
+    phases = [Phase(train, name="phase 1")]  # the steps that phase 2 leaves
+    if phase2 is not None:
+        phases.append(Phase(phase2, steps=args.phase2_steps, batch_size=args.phase2_batch_size, name="phase 2"))
+    training = TrainingArguments(
+        output_dir=output_dir, batch_size=args.batch_size, grad_accum=args.grad_accum,
+        max_steps=args.max_steps, epochs=args.epochs if args.epochs is not None or args.max_steps is not None else 1.0,
+        lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
+        warmup_ratio=0.01 if args.warmup_steps is None else None, precision=args.precision,
+        max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every, save_every=args.save_every,
+        keep_last=args.keep_last, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
+        num_workers=args.num_workers, num_threads=args.num_threads, device=args.device, fsdp=args.fsdp,
+        progress=args.progress)
+    context = setup(args.device)
+    try:
+        model = build_model(config, args.seed, step.nsp)
+        trainer = Trainer(
+            model, training, collate=collate, step_fn=step, phases=phases, count_fn=step.counts,
+            eval_dataset=evaluation, eval_fn=step.eval, summarize_fn=perplexity, context=context,
+            checkpoint_extra={"pretraining": {
+                "objective": args.objective, "nsp": step.nsp, "vocab_hash": vocab_fingerprint(vocab),
+                "data": str(args.data), "phase2_data": str(args.phase2_data) if args.phase2_data else None}})
+        if context.is_main:
+            parameters = sum(p.numel() for p in model.parameters())
+            logger.info("pre-training %s (%.1fM parameters) for %d steps on %d process(es)", args.config,
+                        parameters / 1e6, trainer.total_steps, context.world_size)
+        trainer.train(resume_from=resume or None, stop_at_step=stop_at_step)
+        final = output_dir / FINAL_DIR
+        finished = trainer.step == trainer.total_steps
+        model = trainer.final_model() if finished else None  # gathered from the shards under FSDP
+        if context.is_main and finished:
+            model.save_pretrained(final)
+            BertTokenizer(vocab_file, do_lower_case=train.index.get("do_lower_case")).save_pretrained(final)
+        context.barrier()
+        return final
+    finally:
+        context.teardown()
+
+
+def arguments_from(namespace) -> PretrainingArguments:
+    """PretrainingArguments from the CLI's parsed flags (those with the same names)."""
+    names = {f.name for f in dataclasses.fields(PretrainingArguments)}
+    return PretrainingArguments(**{k: v for k, v in vars(namespace).items() if k in names})

@@ -1,0 +1,697 @@
+"""The training loop every bertforge task shares: pre-training now, fine-tuning tasks later.
+
+A task supplies a map-style dataset, its `collate`, and a `step_fn(model, batch) -> (loss, metrics)`;
+the `Trainer` owns everything else: data order, gradient accumulation, mixed precision, clipping,
+AdamW and the linear schedule, logging, evaluation, checkpoints, exact resume and data parallelism.
+
+**Batches.** `batch_size` is the micro-batch of all processes together; each of the W processes of a
+`torchrun` job reads `batch_size / W` examples of it, and one optimizer step consumes
+`batch_size × grad_accum` examples: the global batch is the same at any W.
+
+**Data order.** Each epoch visits the dataset in a permutation drawn from a generator seeded with
+(seed, epoch); a step takes the next `batch_size × grad_accum` indices and each process reads its
+own slice of every micro-batch. The data position is therefore (epoch, steps done in the epoch), and
+a resumed run continues with the exact next batch.
+
+**Losses.** `step_fn` returns the mean loss of its micro-batch, or a dict of such means (one per
+loss term, e.g. {"mlm_loss": ..., "nsp_loss": ...}, whose sum is trained). `count_fn(batch)` says
+over how many units each mean was taken (default: the examples; for a token-level loss, the labelled
+tokens). The Trainer weights each micro-batch's term by its share of the step's units across all
+micro-batches and processes, so that the gradient is that of the mean over the whole global batch:
+accumulating 2 × 4 examples, or splitting them over 2 processes, gives the step of 8 in one go.
+
+**Metrics.** `metrics` maps names to a value (averaged over micro-batches) or to a pair
+(numerator, denominator), summed over the logging window and the processes before dividing: e.g.
+("correct", "count") for an accuracy. They are reduced only at logging steps, so the loop does not
+wait on the device every step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import checkpoint as ckpt
+from .distributed import DistributedContext, configure_threads, setup
+from .optim import build_optimizer
+from .schedule import linear_schedule
+
+logger = logging.getLogger("bertforge")
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+LOG_NAME = "log.jsonl"
+CHECKPOINT_DIR = "checkpoints"
+
+Batch = dict[str, torch.Tensor]
+Metrics = Mapping[str, Any]
+StepFn = Callable[[nn.Module, Batch], tuple[torch.Tensor | Mapping[str, torch.Tensor], Metrics]]
+EvalFn = Callable[[nn.Module, Batch], Metrics]
+CountFn = Callable[[Batch], float | Mapping[str, float]]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
+
+
+@dataclass
+class TrainingArguments:
+    output_dir: str | os.PathLike
+    batch_size: int = 32  # micro-batch of all processes together
+    grad_accum: int = 1
+    max_steps: int | None = None  # optimizer steps (over all phases); None: `epochs` decides
+    epochs: float | None = None  # passes over the (first phase's) dataset
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = None
+    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a grad scaler)
+    max_grad_norm: float | None = 1.0  # global-norm clipping; None or 0: none
+    seed: int = 0
+    log_every: int = 10
+    save_every: int | None = None  # None or 0: a checkpoint only at the end
+    keep_last: int | None = 3
+    eval_every: int | None = None  # None or 0: evaluate only at the end (when there is eval data)
+    eval_batch_size: int | None = None  # per process; default batch_size / world size
+    drop_last: bool = True  # an epoch's last, incomplete step is skipped (else taken, smaller)
+    num_workers: int = 0  # DataLoader worker processes
+    num_threads: int | None = None  # torch intra-op threads; see distributed.configure_threads
+    device: str | None = None  # default: cuda (this process's GPU) when there is one, else cpu
+    fsdp: bool = False  # shard parameters, gradients and optimizer state (FullyShardedDataParallel)
+    find_unused_parameters: bool = False  # DDP: a task whose step leaves some parameters without gradient
+    progress: bool = True  # tqdm progress bar (main process only)
+    save_final: bool = True  # a checkpoint at the last step
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
+        for name in ("batch_size", "grad_accum", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+
+
+@dataclass
+class Phase:
+    """A stretch of training on one dataset, e.g. BERT's 90% of steps at 128 tokens, then 10% at 512."""
+
+    dataset: Sequence
+    steps: int | None = None  # None: the remaining steps (or `epochs` passes)
+    batch_size: int | None = None  # default: TrainingArguments.batch_size
+    name: str = ""
+
+
+@dataclass
+class TrainResult:
+    step: int
+    last_log: dict[str, Any] | None
+    checkpoint: Path | None
+    eval: dict[str, float] | None = None
+
+
+@dataclass
+class DataPosition:
+    phase: int = 0
+    epoch: int = 0
+    step_in_epoch: int = 0  # steps of this epoch already done
+
+
+def epoch_permutation(size: int, seed: int, epoch: int, phase: int = 0) -> torch.Tensor:
+    """The order of an epoch: a permutation from a generator seeded with (seed, epoch) (and the phase after the first)."""
+    entropy = [seed, epoch] if phase == 0 else [seed, epoch, phase]
+    generator = torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
+    return torch.randperm(size, generator=generator)
+
+
+class StepPlan:
+    """Which examples each process reads at each step of an epoch."""
+
+    def __init__(self, size: int, batch_size: int, grad_accum: int, world_size: int, rank: int, drop_last: bool):
+        if batch_size % world_size:
+            raise ValueError(f"batch size {batch_size} is not divisible by the {world_size} processes")
+        self.size, self.batch_size, self.grad_accum = size, batch_size, grad_accum
+        self.world_size, self.rank = world_size, rank
+        self.step_size = batch_size * grad_accum
+        usable = size - size % world_size  # an incomplete step still splits evenly over the processes
+        self.usable = (size // self.step_size) * self.step_size if drop_last else usable
+        self.steps_per_epoch = math.ceil(self.usable / self.step_size)
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the dataset has {size} examples, fewer than one step of batch size "
+                             f"{batch_size} × grad accumulation {grad_accum}")
+
+    def micro_batches(self, order: torch.Tensor, step: int) -> list[list[int]]:
+        """This process's micro-batches (lists of dataset indices) of step `step` of the epoch."""
+        chunk = order[step * self.step_size: min((step + 1) * self.step_size, self.usable)].tolist()
+        micro = []
+        for start in range(0, len(chunk), self.batch_size):
+            part = chunk[start: start + self.batch_size]
+            share = len(part) // self.world_size
+            micro.append(part[self.rank * share: (self.rank + 1) * share])
+        return micro
+
+
+def default_count(batch: Batch) -> float:
+    return float(len(next(iter(batch.values()))))
+
+
+def default_tokens(batch: Batch) -> int:
+    if "attention_mask" in batch:
+        return int(batch["attention_mask"].sum())
+    if "input_ids" in batch:
+        return batch["input_ids"].numel()
+    return len(next(iter(batch.values())))
+
+
+class _Window:
+    """Sums over the steps since the last log: (numerator, denominator) per name, kept on the device."""
+
+    def __init__(self):
+        self.sums: dict[str, list] = {}
+
+    def add(self, name: str, numerator, denominator=1.0) -> None:
+        if isinstance(numerator, torch.Tensor):
+            numerator = numerator.detach().double()
+        if isinstance(denominator, torch.Tensor):
+            denominator = denominator.detach().double()
+        entry = self.sums.get(name)
+        if entry is None:
+            self.sums[name] = [numerator, denominator]
+        else:
+            entry[0] = entry[0] + numerator
+            entry[1] = entry[1] + denominator
+
+    def reduce(self, context: DistributedContext) -> dict[str, float]:
+        """Sum over processes, then divide: one transfer from the device for all names."""
+        if not self.sums:
+            return {}
+        names = sorted(self.sums)
+        values = torch.stack([torch.as_tensor(self.sums[n][i], dtype=torch.float64, device=context.device)
+                              for n in names for i in (0, 1)])
+        values = context.all_reduce_sum(values).tolist()
+        return {n: (values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan"))
+                for i, n in enumerate(names)}
+
+    def state(self) -> dict[str, list[float]]:
+        return {n: [float(a), float(b)] for n, (a, b) in self.sums.items()}
+
+    def load(self, state: dict[str, list[float]]) -> None:
+        self.sums = {n: [float(a), float(b)] for n, (a, b) in state.items()}
+
+
+def _is_pair(value) -> bool:
+    return isinstance(value, (tuple, list)) and len(value) == 2
+
+
+class Trainer:
+    """One training loop for every task; see the module docstring for the contract."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments,
+        train_dataset: Sequence | None = None,
+        collate: Callable[[list], Batch] | None = None,
+        step_fn: StepFn | None = None,
+        *,
+        phases: Sequence[Phase] | None = None,
+        count_fn: CountFn | None = None,
+        tokens_fn: Callable[[Batch], int] | None = None,
+        eval_dataset: Sequence | None = None,
+        eval_fn: EvalFn | None = None,
+        summarize_fn: Callable[[dict[str, float]], dict[str, float]] | None = None,
+        optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
+        checkpoint_extra: dict[str, Any] | None = None,
+        context: DistributedContext | None = None,
+    ):
+        if step_fn is None or collate is None:
+            raise ValueError("the Trainer needs a step_fn and a collate function")
+        if (train_dataset is None) == (phases is None):
+            raise ValueError("give either train_dataset or phases")
+        self.args = args
+        self.phases = list(phases) if phases is not None else [Phase(train_dataset)]
+        self.collate, self.step_fn = collate, step_fn
+        self.count_fn = count_fn or default_count
+        self.tokens_fn = tokens_fn or default_tokens
+        self.eval_dataset, self.eval_fn, self.summarize_fn = eval_dataset, eval_fn, summarize_fn
+        self.checkpoint_extra = checkpoint_extra or {}
+        self.output_dir = Path(args.output_dir)
+        self.checkpoint_dir = self.output_dir / CHECKPOINT_DIR
+        self.log_path = self.output_dir / LOG_NAME
+
+        self.context = context or setup(args.device)
+        configure_threads(self.context, args.num_threads)
+        self.device = self.context.device
+        self.module = model.to(self.device)  # the bare model: what is saved and evaluated
+        self.model = self._wrap(self.module)  # what step_fn calls: the module, or its DDP / FSDP wrapper
+        self.optimizer = (optimizer_fn or self._default_optimizer)(self.model)
+
+        self.plans = [StepPlan(len(p.dataset), p.batch_size or args.batch_size, args.grad_accum,
+                               self.context.world_size, self.context.rank, args.drop_last) for p in self.phases]
+        self.phase_steps = self._phase_steps()
+        self.total_steps = sum(self.phase_steps)
+        self.scheduler = linear_schedule(self.optimizer, self.total_steps, args.warmup_steps, args.warmup_ratio)
+        self.autocast_dtype = PRECISIONS[args.precision]
+        self.scaler = self._grad_scaler()
+
+        self.step = 0
+        self.position = DataPosition()
+        self.window = _Window()
+        self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=self.device)
+        self.last_checkpoint: Path | None = None
+        self.last_log: dict[str, Any] | None = None
+        self.last_lr = self.scheduler.get_last_lr()[0]
+        self._loss_names: set[str] = set()
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        self._is_fsdp = False
+        if self.args.fsdp:
+            if not self.context.is_distributed:
+                logger.warning("fsdp without torchrun: one process, nothing to shard")
+                return model
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            from ..modeling.bert import TransformerLayer
+
+            self._is_fsdp = True
+            # One FSDP unit per Transformer layer (gathered just for its forward and backward), the rest
+            # (embeddings tied to the MLM decoder, heads) in the root unit. use_orig_params: parameters
+            # keep their names (weight-decay groups) and the state_dict its layout.
+            layers = any(isinstance(m, TransformerLayer) for m in model.modules())
+            return FullyShardedDataParallel(model, use_orig_params=True, device_id=self.device,
+                                            auto_wrap_policy=ModuleWrapPolicy({TransformerLayer}) if layers else None)
+        if self.context.is_distributed:
+            from torch.nn.parallel import DistributedDataParallel
+
+            return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
+                                           find_unused_parameters=self.args.find_unused_parameters)
+        return model
+
+    def _default_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return build_optimizer(model, self.args.lr, self.args.weight_decay)
+
+    def _grad_scaler(self):
+        if self.args.precision != "fp16":
+            return None
+        if self._is_fsdp:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            return ShardedGradScaler(self.device.type)
+        return torch.amp.GradScaler(self.device.type)
+
+    def _phase_steps(self) -> list[int]:
+        args, steps = self.args, []
+        if args.max_steps is None and args.epochs is None and any(p.steps is None for p in self.phases):
+            raise ValueError("say how long to train: max_steps or epochs")
+        for index, (phase, plan) in enumerate(zip(self.phases, self.plans)):
+            if phase.steps is not None:
+                steps.append(phase.steps)
+                continue
+            remaining = None if args.max_steps is None else args.max_steps - sum(
+                p.steps or 0 for i, p in enumerate(self.phases) if i != index)
+            by_epochs = None if args.epochs is None else math.ceil(args.epochs * plan.steps_per_epoch)
+            count = min(x for x in (remaining, by_epochs) if x is not None)
+            if count < 1:
+                raise ValueError(f"phase {index + 1} gets {count} steps: max_steps ({args.max_steps}) leaves none")
+            steps.append(count)
+        return steps
+
+    # -- data -------------------------------------------------------------------------------------
+
+    def _steps(self) -> Iterator[tuple[DataPosition, list[Batch]]]:
+        """From the current position on: (position after the step, this process's micro-batches)."""
+        position = dataclasses.replace(self.position)
+        done = self.step
+        while position.phase < len(self.phases):
+            phase, plan = self.phases[position.phase], self.plans[position.phase]
+            phase_end = sum(self.phase_steps[: position.phase + 1])
+            if done >= phase_end:
+                position = DataPosition(position.phase + 1)
+                continue
+            if position.step_in_epoch >= plan.steps_per_epoch:
+                position = DataPosition(position.phase, position.epoch + 1)
+                continue
+            if hasattr(phase.dataset, "set_epoch"):
+                phase.dataset.set_epoch(position.epoch)
+            order = epoch_permutation(plan.size, self.args.seed, position.epoch, position.phase)
+            last = min(plan.steps_per_epoch, position.step_in_epoch + phase_end - done)
+            steps = [plan.micro_batches(order, s) for s in range(position.step_in_epoch, last)]
+            loader = DataLoader(phase.dataset, batch_sampler=[m for step in steps for m in step],
+                                collate_fn=self.collate, num_workers=self.args.num_workers,
+                                pin_memory=self.device.type == "cuda",
+                                generator=torch.Generator())  # never draws from the global RNG
+            batches = iter(loader)
+            for step in steps:
+                micro = [next(batches) for _ in step]
+                position = DataPosition(position.phase, position.epoch, position.step_in_epoch + 1)
+                done += 1
+                yield position, micro
+
+    def _to_device(self, batch: Batch) -> Batch:
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in batch.items()}
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    # -- one optimizer step ------------------------------------------------------------------------
+
+    def train_step(self, micro_batches: list[Batch]) -> int:
+        """One optimizer step: forward and backward over this process's micro-batches (CPU tensors), clipping,
+        AdamW and the schedule. Returns the tokens read. `train` calls it; a benchmark may too."""
+        context, world = self.context, self.context.world_size
+        # Units per loss term and micro-batch (a number for every term, or a dict per term), known
+        # before the forward passes, so each term can be weighted by its share of the global batch.
+        counts = [self.count_fn(batch) for batch in micro_batches]
+        names = sorted(counts[0]) if isinstance(counts[0], Mapping) else ["*"]
+        local = torch.tensor([[float(c[n]) if n != "*" else float(c) for n in names] for c in counts],
+                             dtype=torch.float64).sum(0)
+        if context.is_distributed:  # one small collective per step; none in a single process
+            local = context.all_reduce_sum(local.to(self.device)).cpu()
+        totals = dict(zip(names, local.tolist()))
+        step_loss = torch.zeros((), device=self.device)
+        tokens = 0
+        for index, batch in enumerate(micro_batches):
+            tokens += self.tokens_fn(batch)
+            batch = self._to_device(batch)
+            last = index == len(micro_batches) - 1
+            sync = contextlib.nullcontext() if last or not context.is_distributed else self.model.no_sync()
+            with sync:
+                with self._autocast():
+                    losses, metrics = self.step_fn(self.model, batch)
+                if not isinstance(losses, Mapping):
+                    losses = {"loss": losses}
+                self._loss_names.update(losses)
+                objective = None
+                for name, value in losses.items():
+                    key = "*" if names == ["*"] else name
+                    if key not in totals:
+                        raise ValueError(f"count_fn gives counts for {names}, but step_fn returns the loss {name!r}")
+                    count = float(counts[index][key]) if key != "*" else float(counts[index])
+                    if count == 0:  # e.g. no masked token in this micro-batch: the term has no mean
+                        continue
+                    value = value.float()
+                    term = value * (count * world / totals[key])
+                    objective = term if objective is None else objective + term
+                    self.window.add(name, value * count, count)
+                for name, value in metrics.items():
+                    self.window.add(name, *(value if _is_pair(value) else (value, 1.0)))
+                if objective is not None:
+                    step_loss = step_loss + objective.detach() / world
+                    (self.scaler.scale(objective) if self.scaler else objective).backward()
+        self._optimizer_step(step_loss)
+        return tokens
+
+    def _optimizer_step(self, step_loss: torch.Tensor) -> None:
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        if self.args.max_grad_norm:
+            if self._is_fsdp:
+                norm = self.model.clip_grad_norm_(self.args.max_grad_norm)
+            else:
+                norm = torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.module.parameters() if p.grad is not None], self.args.max_grad_norm)
+            self.window.add("grad_norm", norm.detach() / self.context.world_size, 1.0 / self.context.world_size)
+        self.last_lr = self.scheduler.get_last_lr()[0]  # the rate this step used
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        # Remember the first step whose loss was not finite, without waiting for the device.
+        bad = ~torch.isfinite(step_loss) & (self.first_bad_step < 0)
+        self.first_bad_step = torch.where(bad, torch.full_like(self.first_bad_step, self.step), self.first_bad_step)
+
+    def _check_finite(self) -> None:
+        first_bad = int(self.context.all_reduce_max(self.first_bad_step.clone()))
+        if first_bad >= 0:
+            where = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
+                     else "no checkpoint was saved before it")
+            raise NonFiniteLossError(
+                f"the loss is not finite (NaN or inf) at step {first_bad}; training stopped, {where}. "
+                "Lower the learning rate, use a longer warm-up or clip gradients (max_grad_norm), "
+                "and resume from that checkpoint.")
+
+    # -- logging, evaluation, checkpoints ----------------------------------------------------------
+
+    def _log(self, tokens: float, elapsed: float, window_seconds: float) -> dict[str, Any]:
+        """The log record of the window that ends at this step (reduced over the processes)."""
+        values = self.window.reduce(self.context)
+        self.window = _Window()
+        record: dict[str, Any] = {"step": self.step, "epoch": self.position.epoch}
+        if len(self.phases) > 1:
+            record["phase"] = self.position.phase + 1
+        if "loss" not in values:  # the trained loss is the sum of the terms
+            record["loss"] = sum(values[n] for n in sorted(self._loss_names))
+        record.update(values)
+        record["lr"] = self.last_lr
+        record["tokens_per_second"] = tokens / window_seconds if window_seconds > 0 else float("nan")
+        record["elapsed"] = elapsed
+        if self.scaler:
+            record["loss_scale"] = float(self.scaler.get_scale())
+        if self.summarize_fn:
+            record.update(self.summarize_fn(record))
+        return record
+
+    def _write_log(self, record: dict[str, Any]) -> None:
+        if self.context.is_main:
+            with self.log_path.open("a", encoding="utf-8") as file:
+                file.write(json.dumps(record, allow_nan=True) + "\n")
+
+    def evaluate(self) -> dict[str, float]:
+        """Metrics over the eval dataset (split over the processes), named eval_*.
+
+        `eval_fn(model, batch)` gives them; without one, the step_fn's losses and metrics are used.
+        """
+        if self.eval_dataset is None:
+            return {}
+        context = self.context
+        batch_size = self.args.eval_batch_size or max(1, self.args.batch_size // context.world_size)
+        indices = list(range(context.rank, len(self.eval_dataset), context.world_size))
+        chunks = [indices[i: i + batch_size] for i in range(0, len(indices), batch_size)]
+        rounds = len(chunks)
+        if self._is_fsdp:
+            # FSDP gathers parameters with collectives in every forward: each process runs as many
+            # batches; one that has run out repeats its last and discards the result.
+            rounds = math.ceil(math.ceil(len(self.eval_dataset) / context.world_size) / batch_size)
+        model = self.model if self._is_fsdp else self.module  # DDP's forward would sync buffers
+        window = _Window()
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                for index in range(rounds):
+                    chunk = chunks[min(index, len(chunks) - 1)] if chunks else [0]
+                    cpu_batch = self.collate([self.eval_dataset[i] for i in chunk])
+                    batch = self._to_device(cpu_batch)
+                    with self._autocast():
+                        if self.eval_fn is not None:
+                            metrics = dict(self.eval_fn(model, batch))
+                        else:
+                            losses, metrics = self.step_fn(model, batch)
+                            metrics = dict(metrics)
+                            count = self.count_fn(cpu_batch)
+                            for name, value in (losses.items() if isinstance(losses, Mapping) else [("loss", losses)]):
+                                n = float(count[name] if isinstance(count, Mapping) else count)
+                                metrics[name] = (value.float() * n, n) if n else (0.0, 0.0)
+                    if index >= len(chunks):
+                        continue
+                    for name, value in metrics.items():
+                        window.add(name, *(value if _is_pair(value) else (value, 1.0)))
+        finally:
+            self.module.train(was_training)
+        return {f"eval_{name}": value for name, value in window.reduce(context).items()}
+
+    def _run_eval(self, elapsed: float) -> dict[str, float]:
+        results = self.evaluate()
+        if results:
+            record = {"step": self.step, **results, "elapsed": elapsed}
+            if self.summarize_fn:
+                record.update(self.summarize_fn(record))
+            self._write_log(record)
+            if self.context.is_main:
+                logger.info("step %d: %s", self.step, ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
+        return results
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full training state (gathered to every process; only the main one writes it)."""
+        if self._is_fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+            # Gathered whole; on GPUs straight to CPU memory (offloading from CPU crashes in torch 2.13).
+            model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=self.device.type != "cpu"))
+        else:
+            model_state, optimizer_state = self.module.state_dict(), self.optimizer.state_dict()
+        config = getattr(self.module, "config", None)
+        return {
+            "format": "bertforge-training-state", "version": 1,
+            "step": self.step, "total_steps": self.total_steps,
+            "data_position": dataclasses.asdict(self.position), "seed": self.args.seed,
+            "model": {k: v.detach().cpu() for k, v in model_state.items()},
+            "optimizer": optimizer_state,
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler else None,
+            "rng": self.context.all_gather_object(ckpt.rng_state()),
+            "world_size": self.context.world_size,
+            "log_window": self.window.state(),
+            "config": config.to_dict() if hasattr(config, "to_dict") else None,
+            "args": {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in dataclasses.asdict(self.args).items()},
+            **self.checkpoint_extra,
+        }
+
+    def final_model(self) -> nn.Module | None:
+        """The trained model as a plain module, e.g. for `save_pretrained` (every process must call it).
+
+        Under FSDP each process holds only a shard: the parameters are gathered into a new, unsharded
+        model of the same class on the main process (None on the others).
+        """
+        if not self._is_fsdp:
+            return self.module
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=self.device.type != "cpu"))
+        if not self.context.is_main:
+            return None
+        model = type(self.module)(self.module.config)
+        model.load_state_dict({k: v.cpu() for k, v in state.items()})
+        return model
+
+    def save(self) -> Path:
+        self._check_finite()  # never save a diverged model
+        state = self.state_dict()  # a collective under FSDP / DDP: every process takes part
+        path = self.checkpoint_dir / ckpt.checkpoint_name(self.step)
+        if self.context.is_main:
+            path = ckpt.save_checkpoint(self.checkpoint_dir, state, self.step, self.args.keep_last)
+        self.context.barrier()
+        self.last_checkpoint = path
+        return path
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("total_steps") not in (None, self.total_steps):
+            raise ValueError(f"the checkpoint was made for a run of {state['total_steps']} steps, this one has "
+                             f"{self.total_steps}: the learning-rate schedule would not continue")
+        config = getattr(self.module, "config", None)
+        saved = state.get("config")
+        if saved is not None and hasattr(config, "to_dict"):
+            current = config.to_dict()
+            differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+            if differ:
+                raise ValueError("the checkpoint's model config differs from this run's in " + ", ".join(
+                    f"{k} ({saved.get(k)!r} there, {current.get(k)!r} here)" for k in differ))
+        if self._is_fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        else:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        self.position = DataPosition(**state["data_position"])
+        self.window = _Window()
+        if self.context.world_size == state.get("world_size", 1):
+            self.window.load(state.get("log_window", {}))
+        rngs = state["rng"]
+        if len(rngs) == self.context.world_size:
+            ckpt.set_rng_state(rngs[self.context.rank])
+        else:
+            logger.warning("checkpoint has RNG states of %d processes, this run has %d: reseeding",
+                           len(rngs), self.context.world_size)
+            ckpt.seed_everything(self.args.seed + 1_000_003 * self.step + self.context.rank)
+
+    def _truncate_log(self, step: int) -> None:
+        """Drop log lines past the resumed step (written after the checkpoint by the interrupted run)."""
+        if not self.context.is_main or not self.log_path.is_file():
+            return
+        kept = []
+        for line in self.log_path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    kept.append(line)
+            except json.JSONDecodeError:  # a line cut short by the interruption
+                continue
+        ckpt.atomic_write(self.log_path, lambda file: file.write("".join(f"{l}\n" for l in kept).encode()))
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def train(self, resume_from: str | os.PathLike | None = None, stop_at_step: int | None = None) -> TrainResult:
+        """Train to the last step (or `stop_at_step`), resuming from a checkpoint file or directory if given."""
+        args, context = self.args, self.context
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        if resume_from is not None:
+            state, path = ckpt.load_checkpoint(resume_from)
+            self.load_state(state)
+            self.last_checkpoint = path
+            self._truncate_log(self.step)
+            if context.is_main:
+                logger.info("resumed from %s at step %d", path, self.step)
+        else:
+            ckpt.seed_everything(args.seed + context.rank)
+        end = self.total_steps if stop_at_step is None else min(stop_at_step, self.total_steps)
+        context.barrier()
+
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
+                   disable=not (args.progress and context.is_main))
+        self.module.train()
+        started = time.perf_counter()
+        window_start, paused, tokens = started, 0.0, 0.0  # eval and saving do not count in the throughput
+        eval_results = None
+        try:
+            steps = self._steps()
+            while self.step < end:
+                self.position, micro_batches = next(steps)
+                tokens += self.train_step(micro_batches)
+                bar.update(1)
+                at_end = self.step == end
+                if self.step % args.log_every == 0 or at_end:
+                    self._check_finite()
+                    now = time.perf_counter()
+                    total_tokens = float(context.all_reduce_sum(torch.tensor(tokens, device=self.device)))
+                    record = self._log(total_tokens, now - started, now - window_start - paused)
+                    tokens, window_start, paused = 0.0, now, 0.0
+                    self._write_log(record)
+                    self.last_log = record
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
+                eval_due = args.eval_every and self.step % args.eval_every == 0
+                if self.eval_dataset is not None and (eval_due or self.step == self.total_steps):
+                    self._check_finite()
+                    pause = time.perf_counter()
+                    eval_results = self._run_eval(pause - started)
+                    paused += time.perf_counter() - pause
+                if (args.save_every and self.step % args.save_every == 0) or (at_end and args.save_final):
+                    pause = time.perf_counter()
+                    self.save()
+                    paused += time.perf_counter() - pause
+            self._check_finite()
+        finally:
+            bar.close()
+        return TrainResult(self.step, self.last_log, self.last_checkpoint, eval_results)

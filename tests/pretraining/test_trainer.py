@@ -1,0 +1,227 @@
+"""Pre-training on real prepared text: exact resume, DDP, the ablations, precision, the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.modeling import BertConfig, BertForPreTraining
+from bertforge.pretraining import prepare_pretraining
+from bertforge.pretraining.trainer import (
+    PretrainingArguments, next_token_labels, run_pretraining, unmasked_input_ids,
+)
+from bertforge.tokenization import train_vocab
+
+REPO = Path(__file__).resolve().parents[2]
+BOOK = REPO.parent / "shared" / "data" / "pretraining" / "books" / "Carroll_Alice_1865.txt"
+VOCAB_SIZE = 1500
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run best on one thread, and on a busy machine (or next to the DDP test's processes)
+    extra OpenMP threads only wait for cores; the process's setting is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Alice in Wonderland as 64-token instances (and 128-token ones for a second phase)."""
+    if not BOOK.is_file():
+        pytest.skip(f"shared data not found: {BOOK}")
+    root = tmp_path_factory.mktemp("pretraining")
+    vocab = root / "vocab.txt"
+    train_vocab([BOOK], vocab_size=VOCAB_SIZE, output=vocab, show_progress=False)
+    for name, length in (("p64", 64), ("p128", 128)):
+        prepare_pretraining([BOOK], vocab, root / name, max_seq_length=length, max_predictions_per_seq=length // 6,
+                            dupe_factor=1, progress=False)
+    return root
+
+
+def tiny_json(root: Path, dropout: float) -> Path:
+    path = root / f"tiny-dropout{dropout}.json"
+    BertConfig.preset("tiny", vocab_size=VOCAB_SIZE, hidden_dropout_prob=dropout,
+                      attention_probs_dropout_prob=dropout).save_pretrained(root / f"cfg{dropout}")
+    path.write_text((root / f"cfg{dropout}" / "config.json").read_text())
+    return path
+
+
+def args_for(corpus: Path, out: Path, **overrides) -> PretrainingArguments:
+    values = dict(data=corpus / "p64", vocab=corpus / "vocab.txt", output_dir=out, config="tiny", batch_size=8,
+                  lr=1e-3, warmup_steps=5, max_steps=20, log_every=1, save_every=0, progress=False)
+    values.update(overrides)
+    return PretrainingArguments(**values)
+
+
+def mean(log: list[dict], key: str) -> float:
+    return sum(r[key] for r in log) / len(log)
+
+
+def train_log(out: Path) -> list[dict]:
+    return [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_exact_resume_with_dropout(corpus, tmp_path):
+    straight = tmp_path / "straight"
+    run_pretraining(args_for(corpus, straight, max_steps=100))
+    interrupted = tmp_path / "interrupted"
+    run_pretraining(args_for(corpus, interrupted, max_steps=100, save_every=50), stop_at_step=50)
+    assert not (interrupted / "final").exists()
+    # A fresh run picks up the checkpoint: model, AdamW moments, schedule, data position, RNGs.
+    run_pretraining(args_for(corpus, interrupted, max_steps=100, save_every=50, resume=True))
+    a, b = train_log(straight), train_log(interrupted)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, 101))
+    for x, y in zip(a, b):
+        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "lr"):
+            assert abs(x[key] - y[key]) <= 1e-6, (x["step"], key, x[key], y[key])
+    # Dropout was on: without the restored RNG state the losses after step 50 would differ.
+    assert BertConfig.from_pretrained(straight / "final").hidden_dropout_prob == 0.1
+    # The loss goes down on real text.
+    assert mean(a[-10:], "mlm_loss") < mean(a[:10], "mlm_loss") - 1.0
+    assert set(a[0]) >= {"step", "loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "lr",
+                         "tokens_per_second", "elapsed"}
+    final = BertForPreTraining.from_pretrained(straight / "final")
+    assert sorted(p.name for p in (straight / "final").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+    assert final.load_report.newly_initialized == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli_args(corpus: Path, config: Path, out: Path, *extra: str) -> list[str]:
+    return ["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", str(config),
+            "--output-dir", str(out), "--batch-size", "8", "--grad-accum", "2", "--max-steps", "6", "--lr", "1e-3",
+            "--warmup-steps", "2", "--log-every", "1", "--save-every", "3", "--no-progress", *extra]
+
+
+def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), "-m", "bertforge", *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, sharding):
+    config = tiny_json(tmp_path, dropout=0.0)  # the processes' dropout masks could not match one process's
+    assert main(_cli_args(corpus, config, tmp_path / "single")) == 0
+    extra = ["--fsdp"] if sharding == "fsdp" else []
+    done = _torchrun(_cli_args(corpus, config, tmp_path / "multi", *extra))
+    assert done.returncode == 0, done.stderr[-3000:]
+    single, multi = train_log(tmp_path / "single"), train_log(tmp_path / "multi")
+    assert len(single) == len(multi) == 6
+    for x, y in zip(single, multi):
+        for key in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy", "grad_norm"):
+            assert abs(x[key] - y[key]) <= 1e-4, (x["step"], key, x[key], y[key])
+    a = BertForPreTraining.from_pretrained(tmp_path / "single" / "final")
+    b = BertForPreTraining.from_pretrained(tmp_path / "multi" / "final")
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.allclose(p, q, atol=1e-4), name
+
+
+def test_mlm_only(corpus, tmp_path):
+    out = tmp_path / "no-nsp"
+    run_pretraining(args_for(corpus, out, nsp=False, max_steps=30))
+    log = train_log(out)
+    assert all("nsp_loss" not in r and "nsp_accuracy" not in r for r in log)
+    assert all(r["loss"] == r["mlm_loss"] for r in log)
+    assert mean(log[-5:], "mlm_loss") < mean(log[:5], "mlm_loss") - 0.5
+
+
+def test_left_to_right_lm(corpus, tmp_path):
+    out = tmp_path / "ltr"
+    run_pretraining(args_for(corpus, out, objective="ltr", max_steps=30))
+    log = train_log(out)
+    assert BertConfig.from_pretrained(out / "final").is_causal
+    assert set(log[0]) >= {"lm_loss", "lm_accuracy"} and "nsp_loss" not in log[0] and "mlm_loss" not in log[0]
+    # Untrained, the next token is a guess among the whole vocabulary.
+    assert abs(log[0]["loss"] - math.log(VOCAB_SIZE)) < 0.3
+    assert mean(log[-5:], "loss") < mean(log[:5], "loss") - 0.5
+
+
+def test_ltr_labels_are_the_next_unmasked_token():
+    batch = {
+        "input_ids": torch.tensor([[2, 10, 4, 12, 3, 0], [2, 4, 21, 3, 22, 3]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]]),
+        "masked_lm_positions": torch.tensor([[2, 0], [1, 4]]),
+        "masked_lm_labels": torch.tensor([[11, -100], [20, 99]]),
+    }
+    ids = unmasked_input_ids(batch)
+    assert ids.tolist() == [[2, 10, 11, 12, 3, 0], [2, 20, 21, 3, 99, 3]]
+    labels = next_token_labels(ids, batch["attention_mask"])
+    assert labels.tolist() == [[10, 11, 12, 3, -100, -100], [20, 21, 3, 99, 3, -100]]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_on_cpu(corpus, tmp_path, precision):
+    out = tmp_path / precision
+    run_pretraining(args_for(corpus, out, precision=precision, max_steps=8))
+    log = train_log(out)
+    assert all(math.isfinite(r["loss"]) for r in log)
+    assert mean(log[-3:], "mlm_loss") < mean(log[:3], "mlm_loss")
+    if precision == "fp16":
+        assert "loss_scale" in log[-1]
+
+
+def test_second_phase_continues_model_optimizer_and_schedule(corpus, tmp_path):
+    out = tmp_path / "two-phase"
+    run_pretraining(args_for(corpus, out, max_steps=12, phase2_data=corpus / "p128", phase2_steps=4,
+                             warmup_steps=2, eval_data=corpus / "p64", save_every=6))
+    log = train_log(out)
+    assert [r["phase"] for r in log] == [1] * 8 + [2] * 4
+    lrs = [r["lr"] for r in log]  # one linear decay over both phases: no restart of the warm-up
+    assert lrs[8] == pytest.approx(lrs[7] - (lrs[6] - lrs[7]))
+    state = torch.load(out / "checkpoints" / "checkpoint-00000012.pt", weights_only=True)
+    assert state["data_position"]["phase"] == 1
+    evaluation = [r for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "eval_mlm_loss" in r]
+    assert len(evaluation) == 1 and evaluation[0]["step"] == 12
+    assert evaluation[0]["eval_perplexity"] == pytest.approx(math.exp(evaluation[0]["eval_mlm_loss"]))
+    assert set(evaluation[0]) >= {"eval_mlm_loss", "eval_perplexity", "eval_mlm_accuracy", "eval_nsp_accuracy"}
+
+
+def test_cli_plot_writes_pngs(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", "tiny",
+                 "--output-dir", str(out), "--batch-size", "8", "--max-steps", "6", "--log-every", "2",
+                 "--eval-data", str(corpus / "p64"), "--eval-every", "3", "--no-progress"]) == 0
+    assert main(["plot", str(out)]) == 0
+    pngs = sorted(p.name for p in (out / "plots").iterdir())
+    assert pngs == ["accuracy.png", "loss.png", "lr.png", "perplexity.png", "throughput.png"]
+    for name in pngs:
+        assert (out / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_refuses_to_overwrite_a_run_and_reports_bad_input(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    common = ["--vocab", str(corpus / "vocab.txt"), "--output-dir", str(out), "--max-steps", "2", "--no-progress"]
+    assert main(["pretrain", "--data", str(corpus / "p64"), "--config", "tiny", *common]) == 0
+    assert main(["pretrain", "--data", str(corpus / "p64"), "--config", "tiny", *common]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    assert main(["pretrain", "--data", str(tmp_path / "missing"), "--config", "tiny", *common]) == 2
+    assert "missing" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    BertConfig.preset("tiny").save_pretrained(tmp_path / "o")  # 30522 tokens: not the data's vocabulary
+    other.write_text((tmp_path / "o" / "config.json").read_text())
+    assert main(["pretrain", "--data", str(corpus / "p64"), "--config", str(other), *common[:2],
+                 "--output-dir", str(tmp_path / "x")]) == 2
+    assert "vocab_size is 30522" in capsys.readouterr().err
+    # Resuming a finished run is a no-op that keeps the log.
+    lines = (out / "log.jsonl").read_text()
+    assert main(["pretrain", "--data", str(corpus / "p64"), "--config", "tiny", *common, "--resume"]) == 0
+    assert (out / "log.jsonl").read_text() == lines

@@ -1,0 +1,292 @@
+"""The shared training engine: optimizer groups, schedule, checkpoints, accumulation, divergence."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from synthetic import SyntheticPretrainingData, collate  # noqa: E402
+
+from bertforge.modeling import BertConfig, BertForPreTraining  # noqa: E402
+from bertforge.pretraining.trainer import MaskedLMStep, build_model  # noqa: E402
+from bertforge.training import (  # noqa: E402
+    NonFiniteLossError, Trainer, TrainingArguments, build_optimizer, latest_checkpoint, linear_schedule,
+    load_checkpoint, parameter_groups, save_checkpoint,
+)
+from bertforge.training import checkpoint as ckpt  # noqa: E402
+from bertforge.training.loop import StepPlan, epoch_permutation  # noqa: E402
+from bertforge.training.schedule import LinearWarmupDecay  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run best on one thread, and on a busy machine (or next to the DDP test's processes)
+    extra OpenMP threads only wait for cores; the process's setting is restored afterwards."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_config(**overrides) -> BertConfig:
+    return BertConfig.preset("tiny", vocab_size=128, max_position_embeddings=64, **overrides)
+
+
+# -- optimizer and schedule ------------------------------------------------------------------------
+
+def test_no_weight_decay_on_layernorm_and_biases():
+    model = BertForPreTraining(tiny_config())
+    model.bert.pooler.requires_grad_(False)
+    decay, no_decay = parameter_groups(model, 0.01)
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    not_decayed = {names[id(p)] for p in no_decay["params"]}
+    assert not decayed & not_decayed
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert decayed | not_decayed == trainable  # frozen pooler left out, everything else once
+    assert "bert.pooler.dense.weight" not in decayed | not_decayed
+    for name in not_decayed:
+        assert name.endswith("bias") or "LayerNorm" in name, name
+    for name in decayed:
+        assert not name.endswith("bias") and "LayerNorm" not in name, name
+    assert {"cls.predictions.bias", "bert.embeddings.LayerNorm.weight",
+            "bert.encoder.layer.0.attention.output.LayerNorm.weight",
+            "cls.predictions.transform.LayerNorm.weight"} <= not_decayed
+    assert {"bert.embeddings.word_embeddings.weight", "bert.encoder.layer.1.intermediate.dense.weight",
+            "cls.seq_relationship.weight"} <= decayed
+    optimizer = build_optimizer(model, lr=1e-4)
+    assert optimizer.defaults["betas"] == (0.9, 0.999) and optimizer.defaults["eps"] == 1e-6
+
+
+def test_layernorm_found_by_type_whatever_its_name():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    decay, no_decay = parameter_groups(model, 0.1)
+    assert [p.shape for p in decay["params"]] == [(4, 4)]
+    assert len(no_decay["params"]) == 3  # linear bias, norm weight and bias
+
+
+def _lrs(scheduler, steps):
+    values = []
+    for _ in range(steps + 1):
+        values.append(scheduler.get_last_lr()[0])
+        scheduler.optimizer.step()
+        scheduler.step()
+    return values
+
+
+@pytest.mark.parametrize("warmup", [{"warmup_steps": 2}, {"warmup_ratio": 0.2}])
+def test_linear_warmup_then_linear_decay_to_zero(warmup):
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.SGD([parameter], lr=1.0)
+    lrs = _lrs(linear_schedule(optimizer, total_steps=10, **warmup), 10)
+    assert lrs[:3] == [0.0, 0.5, 1.0]
+    assert lrs[6] == pytest.approx(0.5) and lrs[9] == pytest.approx(0.125) and lrs[10] == 0.0
+    with pytest.raises(ValueError, match="not both"):
+        linear_schedule(optimizer, 10, warmup_steps=1, warmup_ratio=0.1)
+
+
+def test_schedule_without_warmup_and_past_the_end():
+    schedule = LinearWarmupDecay(total_steps=4)
+    assert [schedule(s) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+
+def _state(step: int) -> dict:
+    return {"step": step, "model": {"w": torch.full((3,), float(step))}, "rng": [ckpt.rng_state()]}
+
+
+def test_checkpoints_atomic_latest_pointer_and_keep_last(tmp_path):
+    for step in (1, 2, 3):
+        save_checkpoint(tmp_path, _state(step), step, keep_last=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-00000002.pt", "checkpoint-00000003.pt", "latest"]
+    assert (tmp_path / "latest").read_text().strip() == "checkpoint-00000003.pt"
+    state, path = load_checkpoint(tmp_path)
+    assert state["step"] == 3 and path.name == "checkpoint-00000003.pt"
+    assert torch.equal(state["model"]["w"], torch.full((3,), 3.0))
+
+
+def test_crash_during_save_leaves_previous_checkpoint_loadable(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, _state(1), 1)
+    real_save = torch.save
+
+    def dies_halfway(obj, file):
+        real_save(obj, file)
+        file.truncate(file.tell() // 2)  # half the bytes are on disk ...
+        raise OSError("No space left on device")  # ... when the writer dies
+
+    monkeypatch.setattr(ckpt.torch, "save", dies_halfway)
+    with pytest.raises(OSError, match="No space"):
+        save_checkpoint(tmp_path, _state(2), 2)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-00000001.pt", "latest"]
+    state, path = load_checkpoint(tmp_path)
+    assert state["step"] == 1 and path.name == "checkpoint-00000001.pt"
+
+
+def test_kill_during_save_leaves_a_temporary_that_is_ignored_then_cleaned(tmp_path):
+    save_checkpoint(tmp_path, _state(1), 1)
+    # A SIGKILL gives the writer no chance to clean up: a partial temporary stays behind.
+    stale = tmp_path / ".tmp-checkpoint-00000002.pt.abc123"
+    stale.write_bytes(b"PK\x03\x04 half a zip")
+    assert load_checkpoint(tmp_path)[0]["step"] == 1
+    assert latest_checkpoint(tmp_path).name == "checkpoint-00000001.pt"
+    save_checkpoint(tmp_path, _state(2), 2)
+    assert not stale.exists()
+    assert load_checkpoint(tmp_path)[0]["step"] == 2
+
+
+def test_corrupt_or_missing_checkpoint_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        load_checkpoint(tmp_path)
+    bad = tmp_path / "checkpoint-00000007.pt"
+    bad.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="checkpoint-00000007.pt"):
+        load_checkpoint(bad)
+
+
+def test_rng_states_round_trip():
+    state = ckpt.rng_state()
+    expected = (torch.rand(3), __import__("numpy").random.rand(2).tolist(), __import__("random").random())
+    ckpt.set_rng_state(state)
+    assert torch.equal(torch.rand(3), expected[0])
+    assert __import__("numpy").random.rand(2).tolist() == expected[1]
+    assert __import__("random").random() == expected[2]
+
+
+# -- data order ------------------------------------------------------------------------------------
+
+def test_epoch_permutation_is_seeded_by_seed_and_epoch():
+    assert torch.equal(epoch_permutation(50, seed=1, epoch=2), epoch_permutation(50, seed=1, epoch=2))
+    assert not torch.equal(epoch_permutation(50, seed=1, epoch=2), epoch_permutation(50, seed=1, epoch=3))
+    assert not torch.equal(epoch_permutation(50, seed=1, epoch=2), epoch_permutation(50, seed=2, epoch=2))
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_processes_read_disjoint_slices_of_each_global_batch(drop_last):
+    order = epoch_permutation(43, 0, 0)
+    plans = [StepPlan(43, batch_size=8, grad_accum=2, world_size=2, rank=r, drop_last=drop_last) for r in (0, 1)]
+    assert plans[0].steps_per_epoch == (2 if drop_last else 3)
+    for step in range(plans[0].steps_per_epoch):
+        # (an incomplete last step is cut to a multiple of the processes: 42 examples here)
+        single = StepPlan(42, 8, 2, 1, 0, drop_last).micro_batches(order, step)
+        ranks = [plan.micro_batches(order, step) for plan in plans]
+        assert len(ranks[0]) == len(ranks[1]) == len(single)
+        for j, micro in enumerate(single):  # each micro-batch split in two halves, in order
+            assert ranks[0][j] + ranks[1][j] == micro
+    with pytest.raises(ValueError, match="not divisible"):
+        StepPlan(43, 5, 1, 2, 0, True)
+
+
+# -- the loop --------------------------------------------------------------------------------------
+
+def _trainer(tmp_path, name, data, **overrides) -> Trainer:
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    step = MaskedLMStep()
+    args = dict(output_dir=tmp_path / name, batch_size=8, max_steps=4, lr=1e-3, warmup_steps=1, log_every=1,
+                progress=False, save_final=False)
+    args.update(overrides)
+    return Trainer(build_model(config, seed=0, nsp=True), TrainingArguments(**args), data, collate, step,
+                   count_fn=step.counts)
+
+
+def test_gradient_accumulation_equals_the_full_batch(tmp_path):
+    data = SyntheticPretrainingData(32)  # masked tokens per sequence vary from 1 to 5
+    full = _trainer(tmp_path, "full", data, batch_size=8, grad_accum=1)
+    accumulated = _trainer(tmp_path, "accum", data, batch_size=4, grad_accum=2)
+    full.train()
+    accumulated.train()
+    for (name, a), b in zip(full.module.named_parameters(), accumulated.module.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    assert full.last_log["loss"] == pytest.approx(accumulated.last_log["loss"], abs=1e-6)
+    # Weighting micro-batches by their masked tokens matters: a plain average of the two halves'
+    # mean losses would differ from the mean over the 8 sequences.
+    assert full.last_log["mlm_accuracy"] == pytest.approx(accumulated.last_log["mlm_accuracy"])
+
+
+def test_keep_last_checkpoints_through_the_trainer(tmp_path):
+    trainer = _trainer(tmp_path, "run", SyntheticPretrainingData(32), max_steps=5, save_every=1, keep_last=2,
+                       save_final=True)
+    result = trainer.train()
+    names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert names == ["checkpoint-00000004.pt", "checkpoint-00000005.pt", "latest"]
+    assert result.checkpoint.name == "checkpoint-00000005.pt"
+    state, _ = load_checkpoint(tmp_path / "run" / "checkpoints")
+    assert state["step"] == 5 and state["data_position"] == {"phase": 0, "epoch": 1, "step_in_epoch": 1}
+    assert set(state) >= {"model", "optimizer", "scheduler", "rng", "config", "scaler"}
+
+
+def test_non_finite_loss_names_the_step_and_the_last_good_checkpoint(tmp_path):
+    step = MaskedLMStep()
+    calls = {"n": 0}
+
+    def diverging(model, batch):
+        calls["n"] += 1
+        losses, metrics = step(model, batch)
+        if calls["n"] >= 5:  # from the 5th step on
+            losses["mlm_loss"] = losses["mlm_loss"] * float("nan")
+        return losses, metrics
+
+    trainer = _trainer(tmp_path, "run", SyntheticPretrainingData(64), max_steps=8, save_every=3, log_every=10)
+    trainer.step_fn = diverging
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert "at step 5" in message and "checkpoint-00000003.pt" in message
+    # The diverged model was not saved.
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints").name == "checkpoint-00000003.pt"
+
+
+def test_resume_continues_with_the_exact_next_batch_mid_epoch(tmp_path):
+    straight_data, resumed_data = SyntheticPretrainingData(36), SyntheticPretrainingData(36)
+    straight = _trainer(tmp_path, "a", straight_data, max_steps=10)  # 4 steps an epoch, 4 examples dropped
+    straight.train()
+    first = _trainer(tmp_path, "b", resumed_data, max_steps=10, save_final=True)
+    first.train(stop_at_step=6)
+    assert resumed_data.read == straight_data.read[:6 * 8]
+    resumed_data.read.clear()
+    second = _trainer(tmp_path, "b", resumed_data, max_steps=10)
+    second.train(resume_from=tmp_path / "b" / "checkpoints")
+    assert resumed_data.read == straight_data.read[6 * 8:]
+    assert straight_data.epochs_seen == [0, 1, 2] and resumed_data.epochs_seen == [0, 1, 1, 2]
+    assert len(set(straight_data.read[:32])) == 32  # an epoch reads each example at most once
+    assert straight_data.read[:32] != straight_data.read[32:64]  # in a new order each epoch
+
+
+def test_dataloader_workers_give_the_same_run(tmp_path):
+    data = SyntheticPretrainingData(32)
+    inline = _trainer(tmp_path, "inline", data, max_steps=3)
+    workers = _trainer(tmp_path, "workers", data, max_steps=3, num_workers=2)
+    assert inline.train().last_log["loss"] == workers.train().last_log["loss"]
+
+
+def test_step_fn_loss_and_count_names_must_agree(tmp_path):
+    trainer = _trainer(tmp_path, "run", SyntheticPretrainingData(16), max_steps=1)
+    trainer.count_fn = lambda batch: {"other": 1.0}
+    with pytest.raises(ValueError, match="mlm_loss"):
+        trainer.train()
+
+
+def test_a_single_loss_and_default_count(tmp_path):
+    """A fine-tuning-shaped task: one loss tensor, averaged over examples."""
+    data = SyntheticPretrainingData(16)
+
+    def step_fn(model, batch):
+        out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                    next_sentence_label=batch["next_sentence_label"], masked_lm_positions=batch["masked_lm_positions"])
+        correct = (out.seq_relationship_logits.argmax(-1) == batch["next_sentence_label"]).sum()
+        return out.nsp_loss, {"accuracy": (correct, len(batch["next_sentence_label"]))}
+
+    trainer = Trainer(BertForPreTraining(tiny_config()), TrainingArguments(
+        tmp_path / "run", batch_size=4, max_steps=3, progress=False, save_final=False, log_every=1),
+        data, collate, step_fn, eval_dataset=data)
+    result = trainer.train()
+    assert set(result.last_log) >= {"step", "loss", "accuracy", "lr", "tokens_per_second", "elapsed"}
+    assert set(result.eval) == {"eval_loss", "eval_accuracy"}
+    assert math.isclose(result.eval["eval_loss"], result.eval["eval_loss"])  # finite
