@@ -2,11 +2,12 @@
 
 Same weights, fp32, eval mode, `torch.inference_mode()`, a fixed thread count (default 2), inputs of
 exactly `--seq-length` tokens (real GLUE SST-2 dev sentences, padded or truncated, attention mask
-included). After a warm-up, the two models are timed in interleaved repeats (ours, peer, ours, peer,
-...) so that drift of the machine (clock, other load) hits both alike; each repeat times a fixed
-number of forward passes. Reported per (model, batch size): the median sequences per second of each,
-the ratio ours / peer (and, as a check on a noisy machine, the best repeat of each and their
-ratio), and the largest absolute difference between the two outputs.
+included). After a warm-up, each of `--repeats` repeats times a fixed number of forward passes of
+each model, interleaved pass by pass (ours, peer, peer, ours, ...), so that drift of the machine
+(clock, other load) hits both alike. Reported per (model, batch size): the median sequences per
+second of each over the repeats and their ratio ours / peer; as checks on a noisy machine, the best
+repeat of each and their ratio, and the median of the per-repeat ratios; the largest absolute
+difference between the two outputs (real positions; the pooled vectors).
 
 Exactly one JSON line goes to stdout; progress goes to stderr.
 
@@ -83,6 +84,19 @@ def time_passes(model, inputs: dict, passes: int) -> float:
     return time.perf_counter() - start
 
 
+def time_interleaved(ours, peer, inputs: dict, passes: int) -> tuple[float, float]:
+    """Seconds for `passes` forward passes of each model, alternating pass by pass (and which goes
+    first), so that a burst of other load on the machine slows both about equally."""
+    elapsed = {"ours": 0.0, "peer": 0.0}
+    for index in range(passes):
+        order = (("ours", ours), ("peer", peer)) if index % 2 == 0 else (("peer", peer), ("ours", ours))
+        for key, model in order:
+            start = time.perf_counter()
+            model(**inputs)
+            elapsed[key] += time.perf_counter() - start
+    return elapsed["ours"], elapsed["peer"]
+
+
 def passes_for(batch: int, name: str) -> int:
     """Forward passes per timed repeat: roughly a second or two of work on two cores."""
     per_pass = batch * (4 if name == "base" else 1)
@@ -100,8 +114,9 @@ def bench_cell(name: str, ours, peer, inputs: dict, batch: int, repeats: int, pa
             time_passes(model, inputs, max(1, passes // 2))
         ours_rates, peer_rates = [], []
         for repeat in range(repeats):
-            ours_rates.append(batch * passes / time_passes(ours, inputs, passes))
-            peer_rates.append(batch * passes / time_passes(peer, inputs, passes))
+            ours_seconds, peer_seconds = time_interleaved(ours, peer, inputs, passes)
+            ours_rates.append(batch * passes / ours_seconds)
+            peer_rates.append(batch * passes / peer_seconds)
             log(f"  {name} batch {batch} repeat {repeat + 1}/{repeats}: ours {ours_rates[-1]:.1f}/s, "
                 f"peer {peer_rates[-1]:.1f}/s")
     ours_median, peer_median = statistics.median(ours_rates), statistics.median(peer_rates)
@@ -118,6 +133,8 @@ def bench_cell(name: str, ours, peer, inputs: dict, batch: int, repeats: int, pa
         "ours_seq_per_s_best": round(max(ours_rates), 2),
         "peer_seq_per_s_best": round(max(peer_rates), 2),
         "ratio_best": round(max(ours_rates) / max(peer_rates), 3),
+        # Each repeat times both models in the same stretch of time: the median of its ratios.
+        "ratio_median_of_repeats": round(statistics.median(o / p for o, p in zip(ours_rates, peer_rates)), 3),
         "ours_seq_per_s_all": [round(x, 2) for x in ours_rates],
         "peer_seq_per_s_all": [round(x, 2) for x in peer_rates],
         "max_abs_diff_last_hidden_state": diff_hidden,
@@ -135,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="GLUE SST-2 dev.tsv")
+    parser.add_argument("--onednn", action="store_true",
+                        help="opt bertforge into oneDNN matmuls (BERTFORGE_ONEDNN_LINEAR=1): faster, "
+                             "but rounding differs from the peer by up to ~1e-5")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -144,12 +164,15 @@ def main(argv: list[str] | None = None) -> int:
         if name not in MODELS:
             parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
+    if args.onednn:
+        os.environ["BERTFORGE_ONEDNN_LINEAR"] = "1"
     torch.set_num_threads(args.threads)
     logging.getLogger("bertforge").setLevel(logging.ERROR)
     import transformers
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
+    from bertforge.modeling.bert import onednn_linear_op
     from bertforge.tokenization import BertTokenizer
 
     sentences = sst2_sentences(args.data)
@@ -181,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "data": str(args.data),
+        "bertforge_onednn_linear": onednn_linear_op() is not None,
         "results": results,
         "load_average_before": load_before,
         "load_average_after": os.getloadavg()[0],

@@ -5,7 +5,7 @@ One step = forward, backward, global-norm clipping (1.0) and AdamW (lr 1e-4, wei
 weights and train on the same batches: real pre-training instances (128 tokens, 15% masked, at most
 20 predictions, NSP pairs) that `prepare_pretraining` makes from a public-domain novel with the BERT
 uncased vocabulary. bertforge runs its own training step (`Trainer.train_step`: MLM gathered at the
-masked positions, fused AdamW with BERT's weight-decay groups); the peer a plain loop: the model
+masked positions, bertforge's in-place AdamW with BERT's weight-decay groups); the peer a plain loop: the model
 called with `labels` (B, S) (-100 except at the masked tokens) and `next_sentence_label`, then
 `torch.optim.AdamW(model.parameters())`.
 

@@ -4,7 +4,8 @@ Every comparison runs in eval mode, fp32, with the same weights in both librarie
 between them only through checkpoints on disk (bertforge `save_pretrained` -> transformers
 `from_pretrained` and the other way round), so each parity test also proves the round trip.
 Tolerance: 1e-5 absolute. Hidden states are compared at real (non-padding) positions only: what a
-padding row holds is arbitrary.
+padding row holds is arbitrary. The last part checks bertforge's inference fast paths (in-place ops,
+reused buffers, key trimming, the fused QKV weight) against its own autograd path, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import bertforge.modeling.bert as bert_module
 from bertforge.modeling import (
     BertConfig,
     BertForMaskedLM,
@@ -27,8 +29,6 @@ from bertforge.modeling import (
     BertForTokenClassification,
     BertModel,
 )
-
-import bertforge.modeling.bert as bert_module
 
 transformers = pytest.importorskip("transformers")
 
@@ -90,22 +90,22 @@ def mlm_labels(batch: dict, seed: int, vocab_size=30522) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def minilm_ours(minilm_checkpoint):
-    model = BertModel.from_pretrained(minilm_checkpoint)
+def minilm_ours(minilm_dir):
+    model = BertModel.from_pretrained(minilm_dir)
     assert not model.load_report.newly_initialized and not model.load_report.unused
     return model
 
 
 @pytest.fixture(scope="module")
-def minilm_peer(minilm_checkpoint):
-    model, info = peer_load("BertModel", minilm_checkpoint, attn_implementation="sdpa")
+def minilm_peer(minilm_dir):
+    model, info = peer_load("BertModel", minilm_dir, attn_implementation="sdpa")
     assert_clean_loading_info(info)
     return model
 
 
 @pytest.fixture(scope="module")
-def minilm_peer_eager(minilm_checkpoint):
-    return peer_load("BertModel", minilm_checkpoint, attn_implementation="eager")[0]
+def minilm_peer_eager(minilm_dir):
+    return peer_load("BertModel", minilm_dir, attn_implementation="eager")[0]
 
 
 @torch.inference_mode()
@@ -389,16 +389,16 @@ def test_minilm_round_trips_through_both_libraries(minilm_ours, minilm_peer, min
     assert max_diff(out.pooler_output, reference.pooler_output) <= TOL
 
 
-def test_base_checkpoint_into_classifier_reports_new_head(minilm_checkpoint, caplog):
+def test_base_checkpoint_into_classifier_reports_new_head(minilm_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="bertforge"):
-        model = BertForSequenceClassification.from_pretrained(minilm_checkpoint, num_labels=3)
+        model = BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=3)
     assert model.load_report.newly_initialized == ["classifier.weight", "classifier.bias"]
     assert model.load_report.unused == []
     warnings = [r for r in caplog.records if r.name == "bertforge" and r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "classifier.weight" in warnings[0].getMessage() and "classifier.bias" in warnings[0].getMessage()
     assert model.classifier.weight.shape == (3, 384)
-    encoder = BertModel.from_pretrained(minilm_checkpoint)
+    encoder = BertModel.from_pretrained(minilm_dir)
     for name, tensor in encoder.state_dict().items():
         assert torch.equal(model.bert.state_dict()[name], tensor), name
 
@@ -420,9 +420,9 @@ def test_head_checkpoint_into_base_model(tmp_path, caplog):
     assert torch.equal(a.pooler_output, b.pooler_output)
 
 
-def test_config_round_trip_keeps_unknown_keys(minilm_checkpoint, minilm_ours, tmp_path):
-    original = json.loads((minilm_checkpoint / "config.json").read_text())
-    config = BertConfig.from_pretrained(minilm_checkpoint)
+def test_config_round_trip_keeps_unknown_keys(minilm_dir, minilm_ours, tmp_path):
+    original = json.loads((minilm_dir / "config.json").read_text())
+    config = BertConfig.from_pretrained(minilm_dir)
     for key in ("gradient_checkpointing", "use_cache", "_name_or_path", "transformers_version"):
         assert config.extra[key] == original[key]
     config.save_pretrained(tmp_path / "config")

@@ -64,6 +64,26 @@ def test_no_weight_decay_on_layernorm_and_biases():
     assert optimizer.defaults["betas"] == (0.9, 0.999) and optimizer.defaults["eps"] == 1e-6
 
 
+def test_in_place_adamw_is_torch_adamw():
+    torch.manual_seed(0)
+    reference = BertForPreTraining(tiny_config())
+    ours = BertForPreTraining(tiny_config())
+    ours.load_state_dict(reference.state_dict())
+    optimizers = [torch.optim.AdamW(parameter_groups(reference, 0.01), lr=1e-2, eps=1e-6, foreach=False),
+                  build_optimizer(ours, lr=1e-2)]
+    assert type(optimizers[1]).__module__ == "bertforge.training.optim"
+    for step in range(4):
+        grads = [torch.randn_like(p) for p in reference.parameters()]
+        for model, optimizer in zip((reference, ours), optimizers):
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g.clone()
+            optimizer.step()
+    for (name, a), b in zip(reference.named_parameters(), ours.parameters()):
+        assert torch.allclose(a, b, atol=1e-7, rtol=0), name
+    # The same state: a checkpoint of one loads in the other.
+    optimizers[0].load_state_dict(optimizers[1].state_dict())
+
+
 def test_layernorm_found_by_type_whatever_its_name():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     decay, no_decay = parameter_groups(model, 0.1)
