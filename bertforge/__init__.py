@@ -10,10 +10,11 @@ from .modeling import (
     BertForTokenClassification,
     BertModel,
 )
+from .serving import pipeline
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-    "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice",
+    "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "pipeline",
 ]

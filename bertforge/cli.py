@@ -95,6 +95,299 @@ def cmd_plot(args: argparse.Namespace) -> None:
     print("wrote " + ", ".join(str(p) for p in written))
 
 
+def cmd_export_onnx(args: argparse.Namespace) -> None:
+    from .serving.onnx import OnnxParityError, export_onnx
+
+    try:
+        report = export_onnx(args.model, args.output, task=args.task, opset=args.opset, check=not args.no_check,
+                             atol=args.atol)
+    except OnnxParityError as error:  # the export is wrong: say by how much, write nothing
+        raise SystemExit(f"bertforge export-onnx: error: {error}") from None
+    check = ("check skipped" if report.max_abs_diff is None else
+             f"max |torch - onnxruntime| = {report.max_abs_diff:.3g} over {report.batches_checked} batches "
+             f"(tolerance {args.atol:g})")
+    print(f"wrote {report.path}: {report.task} pipeline, opset {report.opset}, dynamic batch and sequence; {check}")
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from .serving.server import ServerSettings, serve
+
+    tasks = [t for value in args.task or [] for t in value.split(",") if t]
+    settings = ServerSettings(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+                              micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
+                              max_texts=args.max_texts, max_chars=args.max_chars)
+    if args.num_threads:
+        import torch
+
+        torch.set_num_threads(args.num_threads)
+    serve(args.model, tasks or None, host=args.host, port=args.port, settings=settings, backend=args.backend,
+          device=args.device, max_length=args.max_length, onnx_model=args.onnx_model, log_level=args.log_level,
+          graceful_timeout=args.graceful_timeout)
+
+
+def _finetune_arguments(args: argparse.Namespace):
+    """FinetuneArguments from the flags `_add_finetune_flags` defines."""
+    import dataclasses
+
+    from .training.finetune import FinetuneArguments
+
+    names = {f.name for f in dataclasses.fields(FinetuneArguments)}
+    return FinetuneArguments(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+
+
+def _grid(args: argparse.Namespace) -> tuple[list[float], list[int]]:
+    lrs = [args.lr] if not args.lr_grid else args.lr_grid
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    return lrs, seeds
+
+
+def _report_finetune(results: dict, output_dir: str) -> None:
+    if "runs" in results:  # a grid or several seeds
+        main = results["main_metric"]
+        stats = results["metrics"][main]
+        print(f"{results['task']}: best lr {results['best_lr']:g}; {main} over {stats['n']} seed(s): "
+              f"mean {stats['mean']:.4f} ± {stats['std']:.4f} (min {stats['min']:.4f}, max {stats['max']:.4f}); "
+              f"{output_dir}/summary.json, best model in {output_dir}")
+    else:
+        metrics = ", ".join(f"{k} {v:.4f}" for k, v in results["metrics"].items())
+        print(f"{results['task']}: best at epoch {results['epoch']:g} (step {results['step']}): {metrics}; "
+              f"model and eval_results.json in {output_dir}")
+
+
+def cmd_finetune_glue(args: argparse.Namespace) -> None:
+    from .tasks.classification import predict_file
+    from .tasks.glue import get_task, glue_task, glue_task_dir
+    from .training.finetune import finetune_grid
+
+    spec = get_task(args.task)
+    task = glue_task(spec, args.data_dir, args.model, max_seq_length=args.max_seq_length,
+                     eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples,
+                     long_input=args.long_input, window_stride=args.doc_stride)
+    results = finetune_grid(task, _finetune_arguments(args), *_grid(args))
+    _report_finetune(results, args.output_dir)
+    for split in spec.test_splits:  # the GLUE server's files, from the best model
+        test = glue_task_dir(spec, args.data_dir) / spec.split(split).file
+        if test.is_file() and not args.no_test_predictions:
+            path = predict_file(args.output_dir, test, Path(args.output_dir) / spec.split(split).submission,
+                                task=spec.name, max_seq_length=args.max_seq_length, long_input=args.long_input,
+                                window_stride=args.doc_stride)
+            print(f"test predictions: {path}")
+
+
+def cmd_finetune_classify(args: argparse.Namespace) -> None:
+    from .tasks.classification import classify_task, predict_file
+    from .training.finetune import finetune_grid
+
+    task = classify_task(args.model, args.train_file, args.dev_file, regression=args.regression,
+                         max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
+                         long_input=args.long_input, window_stride=args.doc_stride)
+    results = finetune_grid(task, _finetune_arguments(args), *_grid(args))
+    _report_finetune(results, args.output_dir)
+    if args.test_file:
+        path = predict_file(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
+                            task="classify", max_seq_length=args.max_seq_length, long_input=args.long_input,
+                            window_stride=args.doc_stride)
+        print(f"test predictions: {path}")
+
+
+def cmd_finetune_multiple_choice(args: argparse.Namespace) -> None:
+    from .tasks.choice import multiple_choice_task, predict_choice_file
+    from .training.finetune import finetune_grid
+
+    task = multiple_choice_task(args.model, args.train_file, args.dev_file, max_seq_length=args.max_seq_length,
+                                eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
+    results = finetune_grid(task, _finetune_arguments(args), *_grid(args))
+    _report_finetune(results, args.output_dir)
+    if args.test_file:
+        path = predict_choice_file(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
+                                   max_seq_length=args.max_seq_length, batch_size=args.eval_batch_size)
+        print(f"test predictions: {path}")
+
+
+# SQuAD defaults per version: Google's run_squad.py / the paper's v1.1 recipe (3 epochs, batch 32, lr 5e-5) and
+# the paper's v2.0 recipe (§4.3: 2 epochs, batch 48, lr 5e-5).
+SQUAD_DEFAULTS = {"1.1": {"epochs": 3.0, "batch_size": 32}, "2.0": {"epochs": 2.0, "batch_size": 48}}
+
+
+def _squad_settings(args: argparse.Namespace) -> dict:
+    """The SquadSettings fields given on the command line."""
+    names = ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length",
+             "null_score_diff_threshold")
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def cmd_finetune_squad(args: argparse.Namespace) -> None:
+    from .tasks.squad import SquadSettings, squad_task
+    from .training.finetune import finetune_grid
+
+    for name, value in SQUAD_DEFAULTS[args.version].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.tune_threshold and args.version != "2.0":
+        raise ValueError("--tune-threshold chooses the no-answer threshold of SQuAD 2.0: add --version 2.0")
+    task = squad_task(args.model, args.train_file, args.dev_file, version=args.version,
+                      settings=SquadSettings(**_squad_settings(args)), tune_threshold=args.tune_threshold,
+                      eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
+    results = finetune_grid(task, _finetune_arguments(args), *_grid(args))
+    _report_finetune(results, args.output_dir)
+    print(f"predictions.json, nbest_predictions.json{', null_odds.json' if args.version == '2.0' else ''} and the "
+          f"official script's results (percent) in {args.output_dir}/squad_eval.json")
+
+
+def cmd_predict_squad(args: argparse.Namespace) -> None:
+    """`bertforge predict` for a `finetune squad` model: one --question/--context, or a SQuAD JSON --input."""
+    import json
+
+    from .tasks.squad import answer_questions, predict_squad_file
+
+    settings = _squad_settings(args)
+    if args.question is not None or args.context is not None:
+        if args.question is None or args.context is None:
+            raise ValueError("--question and --context go together")
+        answer = answer_questions(args.model, [args.question], [args.context], batch_size=args.batch_size,
+                                  **settings)[0]
+        print(json.dumps(answer, ensure_ascii=False))
+        return
+    if not args.input or not args.output:
+        raise ValueError("a SQuAD model answers --question Q --context C, or a SQuAD JSON --input with --output")
+    official = predict_squad_file(args.model, args.input, args.output, batch_size=args.batch_size, **settings)
+    print(f"wrote {args.output}")
+    if official is not None:
+        print(json.dumps(official, indent=2))
+
+
+def _ner_summary(metrics: dict) -> str:
+    types = sorted(k[3:] for k in metrics if k.startswith("f1_"))
+    per_type = ", ".join(f"{t} {metrics['f1_' + t]:.4f}" for t in types)
+    return (f"entity F1 {metrics['f1']:.4f} (precision {metrics['precision']:.4f}, recall {metrics['recall']:.4f}); "
+            f"per type F1: {per_type}")
+
+
+def cmd_finetune_ner(args: argparse.Namespace) -> None:
+    from .tasks.tagging import predict_conll
+    from .training.finetune import finetune_grid
+
+    if args.feature_based:
+        from .tasks.feature_based import feature_ner_task
+
+        # A randomly initialised BiLSTM learns at the usual LSTM rates, not at BERT's fine-tuning rates.
+        args.lr = args.lr or 1e-3
+        args.epochs = args.epochs or 4.0
+        task = feature_ner_task(args.model, args.train_file, args.dev_file, features=args.features,
+                                lstm_hidden=args.lstm_hidden, lstm_layers=args.lstm_layers, dropout=args.lstm_dropout,
+                                document_context=args.document_context, max_seq_length=args.max_seq_length,
+                                eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples,
+                                device=args.device, progress=args.progress)
+    else:
+        from .tasks.tagging import ner_task
+
+        args.lr = args.lr or 5e-5
+        args.epochs = args.epochs or 3.0
+        task = ner_task(args.model, args.train_file, args.dev_file, document_context=args.document_context,
+                        max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
+                        max_train_examples=args.max_train_examples)
+    results = finetune_grid(task, _finetune_arguments(args), *_grid(args))
+    _report_finetune(results, args.output_dir)
+    if args.test_file:
+        path, metrics = predict_conll(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.txt",
+                                      batch_size=args.eval_batch_size)
+        print(f"test predictions: {path}" + (f"; {_ner_summary(metrics)}" if metrics else ""))
+
+
+def _model_task(model_dir: str) -> str | None:
+    """The `finetuning_task` in a model directory's config.json (None when absent or unreadable)."""
+    import json
+
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("finetuning_task")
+    except (OSError, ValueError):
+        return None
+
+
+def cmd_predict(args: argparse.Namespace) -> None:
+    from .tasks.classification import predict_file
+
+    if (args.task or _model_task(args.model)) in ("squad", "squad_v2") or args.question is not None:
+        cmd_predict_squad(args)
+        return
+    if not args.input or not args.output:
+        raise ValueError("--input and --output are required (or --question and --context for a SQuAD model)")
+    if (args.task or _model_task(args.model)) == "ner":
+        from .tasks.tagging import predict_conll
+
+        path, metrics = predict_conll(args.model, args.input, args.output, document_context=args.document_context,
+                                      max_seq_length=args.max_seq_length, batch_size=args.batch_size)
+        print(f"wrote {path}")
+        if metrics is not None:  # the input had gold tags
+            print(_ner_summary(metrics))
+        return
+    if args.max_seq_length is None:
+        args.max_seq_length = 128
+    if (args.task or _model_task(args.model)) == "multiple-choice":
+        from .tasks.choice import predict_choice_file
+
+        path = predict_choice_file(args.model, args.input, args.output, max_seq_length=args.max_seq_length,
+                                   batch_size=args.batch_size)
+        print(f"wrote {path}")
+        return
+    path = predict_file(args.model, args.input, args.output, task=args.task, max_seq_length=args.max_seq_length,
+                        batch_size=args.batch_size, long_input=args.long_input, window_stride=args.doc_stride)
+    print(f"wrote {path}")
+
+
+def _lr_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--lr-grid takes comma-separated numbers, got {text!r}") from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"--lr-grid needs positive learning rates, got {text!r}")
+    return values
+
+
+def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float = 2e-5, epochs: float = 3.0, batch_size: int = 32,
+                        max_seq_length: int = 128) -> None:
+    """The flags every `finetune` task shares (defaults: the paper's, per task)."""
+    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt)")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--max-seq-length", type=int, default=max_seq_length)
+    p.add_argument("--lr", type=float, default=lr)
+    p.add_argument("--lr-grid", type=_lr_list, metavar="LR,LR,...",
+                   help="try each learning rate (the paper: 5e-5,4e-5,3e-5,2e-5), keep the best on dev")
+    p.add_argument("--seeds", type=int, default=1, help="repeat with N seeds (--seed, --seed+1, ...): "
+                   "mean, std, min, max of every metric in OUT/summary.json")
+    p.add_argument("--epochs", type=float, default=epochs)
+    p.add_argument("--batch-size", type=int, default=batch_size)
+    p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (instead of --epochs)")
+    p.add_argument("--warmup-ratio", type=float, default=0.1, help="share of the steps for linear warm-up")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0: none")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--eval-every", type=int, help="also evaluate every N steps (always at each epoch's end)")
+    p.add_argument("--eval-batch-size", type=int, default=128)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--save-every", type=int, help="training checkpoints every N steps, for --resume")
+    p.add_argument("--resume", action="store_true", help="continue OUT's run (a grid: skip finished runs)")
+    p.add_argument("--max-minutes", type=float, help="wall-clock budget per run: then stop, evaluate, keep the best")
+    p.add_argument("--no-group-by-length", dest="group_by_length", action="store_false",
+                   help="shuffle uniformly instead of batching examples of similar length")
+    p.add_argument("--num-threads", type=int, help="torch threads")
+    p.add_argument("--device", help="cpu, cuda, ... (default: the GPU if there is one)")
+    p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def _add_long_input_flags(p: argparse.ArgumentParser) -> None:
+    """Classification's handling of inputs longer than --max-seq-length."""
+    p.add_argument("--long-input", choices=("truncate", "windows"), default="truncate",
+                   help="truncate: cut a long input to --max-seq-length (Google's run_classifier); windows: "
+                   "cut it into overlapping windows, train on each with the example's label, predict the mean "
+                   "of the windows' logits")
+    p.add_argument("--doc-stride", type=int, help="--long-input windows: tokens between window starts "
+                   "(default: half a window)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bertforge", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -168,6 +461,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 1%% of all steps)")
     p.add_argument("--max-steps", type=int, help="optimizer steps, both phases (default: one epoch of --data)")
     p.add_argument("--epochs", type=float, help="passes over --data (instead of --max-steps)")
+    p.add_argument("--max-minutes", type=float, help="wall-clock budget: when spent, stop as if at the last step "
+                   "(final evaluation, checkpoint and model); the schedule still assumes --max-steps")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0: none")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")
@@ -193,10 +488,130 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     p.set_defaults(func=cmd_pretrain)
 
+    p = commands.add_parser("finetune", help="fine-tune on a task (GLUE, your own classification data, ...)")
+    tasks = p.add_subparsers(dest="task_family", required=True, metavar="TASK")
+    p = tasks.add_parser("glue", help="a GLUE task (paper defaults: batch 32, 3 epochs, lr 2e-5)")
+    p.add_argument("--task", required=True, help="cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte or wnli")
+    p.add_argument("--data-dir", required=True, help="the GLUE root (holding MRPC/, ...) or the task's directory")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
+    p.add_argument("--no-test-predictions", action="store_true", help="skip the submission file for test.tsv")
+    _add_long_input_flags(p)
+    _add_finetune_flags(p)
+    p.set_defaults(func=cmd_finetune_glue)
+    p = tasks.add_parser("classify", help="your own CSV/TSV/JSONL: columns text, [text_pair], label")
+    p.add_argument("--train-file", required=True)
+    p.add_argument("--dev-file", required=True)
+    p.add_argument("--test-file", help="predicted with the best model into OUT/test_predictions.tsv")
+    p.add_argument("--regression", action="store_true", help="numeric labels: one output, MSE loss")
+    _add_long_input_flags(p)
+    _add_finetune_flags(p)
+    p.set_defaults(func=cmd_finetune_classify)
+    p = tasks.add_parser("multiple-choice", help="SWAG-layout CSV (sent1, sent2, ending0..3, label); "
+                         "paper defaults: batch 16, 3 epochs, lr 2e-5")
+    p.add_argument("--train-file", required=True, help="SWAG CSV: [index], video-id, fold-ind, startphrase, sent1, "
+                   "sent2, gold-source, ending0..ending3, label")
+    p.add_argument("--dev-file", required=True, help="SWAG CSV with labels (SWAG's val.csv)")
+    p.add_argument("--test-file", help="SWAG CSV, labels optional: predicted into OUT/test_predictions.tsv")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
+    _add_finetune_flags(p, lr=2e-5, epochs=3.0, batch_size=16, max_seq_length=128)
+    p.set_defaults(func=cmd_finetune_multiple_choice)
+    p = tasks.add_parser("squad", help="SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
+                         "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)")
+    p.add_argument("--train-file", required=True, help="official-format JSON (data/paragraphs/qas/answers)")
+    p.add_argument("--dev-file", required=True, help="official-format JSON with answers")
+    p.add_argument("--version", choices=("1.1", "2.0"), default="1.1",
+                   help="2.0: unanswerable questions (is_impossible), no-answer at [CLS]")
+    p.add_argument("--doc-stride", type=int, default=128, help="tokens between the starts of passage windows")
+    p.add_argument("--max-query-length", type=int, default=64, help="question tokens kept")
+    p.add_argument("--n-best-size", type=int, default=20, help="candidates per window and n-best list length")
+    p.add_argument("--max-answer-length", type=int, default=30, help="longest answer span, in tokens")
+    p.add_argument("--null-score-diff-threshold", type=float, default=0.0,
+                   help="v2.0: answer nothing when null score - best span score exceeds this (the paper's tau)")
+    p.add_argument("--tune-threshold", action="store_true",
+                   help="v2.0: choose the threshold that maximises dev F1 at each evaluation (saved with the model)")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N questions only")
+    _add_finetune_flags(p, lr=5e-5, epochs=None, batch_size=None, max_seq_length=384)
+    p.set_defaults(func=cmd_finetune_squad)
+
+    p = tasks.add_parser("ner", help="CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, "
+                         "3 epochs, lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)")
+    p.add_argument("--train-file", required=True, help="CoNLL columns (word first, IOB1/IOB2 tag last), blank line "
+                   "between sentences, -DOCSTART- between documents; the label list is taken from it")
+    p.add_argument("--dev-file", required=True, help="the same format, labelled: entity F1 picks the best epoch")
+    p.add_argument("--test-file", help="CoNLL file tagged by the best model into OUT/test_predictions.txt "
+                   "(scored when it has gold tags)")
+    p.add_argument("--document-context", action="store_true", help="fill each window with the neighbouring "
+                   "sentences of the same document and predict only the centre sentence (the paper's setup)")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N sentences only")
+    p.add_argument("--feature-based", action="store_true", help="the paper's feature-based approach (Table 7): "
+                   "frozen encoder, its hidden states cached once, a BiLSTM tagger trained on them")
+    p.add_argument("--features", default="concat-last-4", choices=("embeddings", "last", "second-to-last",
+                   "sum-last-4", "concat-last-4", "sum-all"), help="--feature-based: which hidden states "
+                   "(default concat-last-4, the paper's best)")
+    p.add_argument("--lstm-hidden", type=int, default=768, help="--feature-based: BiLSTM hidden size per direction")
+    p.add_argument("--lstm-layers", type=int, default=2, help="--feature-based: BiLSTM layers")
+    p.add_argument("--lstm-dropout", type=float, default=0.1, help="--feature-based: dropout on the BiLSTM's "
+                   "input, between its layers and before the classifier")
+    # lr and epochs default per approach (see cmd_finetune_ner); None here means "that default".
+    _add_finetune_flags(p, lr=None, epochs=None, batch_size=16, max_seq_length=128)
+    p.set_defaults(func=cmd_finetune_ner)
+
+    p = commands.add_parser("predict", help="predictions of a fine-tuned model for a file")
+    p.add_argument("--model", required=True, help="a `bertforge finetune` output directory")
+    p.add_argument("--input", help="GLUE test.tsv (or dev-shaped), or CSV/TSV/JSONL with text; SQuAD JSON; SWAG CSV")
+    p.add_argument("--output", help="TSV: index, prediction (GLUE submission format); SQuAD: predictions JSON")
+    p.add_argument("--task", help="default: the model's (finetuning_task in config.json)")
+    p.add_argument("--max-seq-length", type=int, help="default 128; SQuAD: the model's (384)")
+    p.add_argument("--question", help="SQuAD model: answer this question (with --context), printed as JSON")
+    p.add_argument("--context", help="SQuAD model: the passage holding the answer")
+    p.add_argument("--doc-stride", type=int, help="SQuAD: default the model's (128); classification with "
+                   "--long-input windows: tokens between window starts (default: the model's, or half a window)")
+    p.add_argument("--long-input", choices=("truncate", "windows"),
+                   help="classification: truncate long inputs, or classify overlapping windows and average "
+                   "their logits (default: what the model was fine-tuned with)")
+    p.add_argument("--max-answer-length", type=int, help="SQuAD: default the model's (30)")
+    p.add_argument("--null-score-diff-threshold", type=float,
+                   help="SQuAD 2.0: default the model's (0, or the value --tune-threshold chose)")
+    p.add_argument("--document-context", action=argparse.BooleanOptionalAction, default=None,
+                   help="NER: windows with document context (default: as the model was trained)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.set_defaults(func=cmd_predict)
+
     p = commands.add_parser("plot", help="PNG curves (loss, accuracy, lr, throughput) of a training run")
     p.add_argument("run", help="a training output directory (with log.jsonl) or a log.jsonl file")
     p.add_argument("--output-dir", help="where the PNGs go (default: RUN/plots)")
     p.set_defaults(func=cmd_plot)
+
+    p = commands.add_parser("export-onnx", help="export a pipeline's graph to ONNX and check it against PyTorch")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--output", required=True, help="the .onnx file to write")
+    p.add_argument("--task", help="fill-mask, classify, tag, answer or embed (default: from config.json)")
+    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--atol", type=float, default=1e-4, help="largest difference from PyTorch allowed")
+    p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    p.set_defaults(func=cmd_export_onnx)
+
+    p = commands.add_parser("serve", help="HTTP server: JSON API with micro-batching, metrics and a test page")
+    p.add_argument("--model", required=True, help="checkpoint directory")
+    p.add_argument("--task", action="append", help="pipeline(s) to serve, repeatable or comma-separated "
+                   "(default: from config.json)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--backend", choices=("torch", "onnx"), default="torch")
+    p.add_argument("--onnx-model", help="an exported .onnx for --backend onnx (default: export at start-up)")
+    p.add_argument("--device", help="cpu (default), cuda, cuda:1 ...")
+    p.add_argument("--max-length", type=int, help="tokens per model input (default: the model's)")
+    p.add_argument("--max-batch-size", type=int, default=32, help="inputs per forward pass")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits to be batched")
+    p.add_argument("--no-micro-batching", action="store_true", help="one forward pass per request")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-texts", type=int, default=64, help="inputs per request")
+    p.add_argument("--max-chars", type=int, default=10_000, help="characters per input text")
+    p.add_argument("--num-threads", type=int, help="torch threads (default: torch's)")
+    p.add_argument("--graceful-timeout", type=float, default=30.0,
+                   help="seconds to finish in-flight requests on shutdown")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

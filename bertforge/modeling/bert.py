@@ -4,6 +4,12 @@ Shapes: B = batch, S = sequence length, H = hidden size, A = attention heads, D 
 Module attribute names follow the checkpoint layout the ecosystem uses
 (`encoder.layer.0.attention.self.query.weight`, ...), so `state_dict()` is that layout and
 checkpoints move to and from Hugging Face transformers without renaming.
+
+Unpadded execution (`model(..., unpad=True)` per call, or the model's `unpad` attribute): the real
+tokens of a padded batch are packed into one (T, H) sequence, T = the number of real tokens, for
+the embeddings and every dense layer, attention runs per example (`Packing`), and the result is
+scattered back to (B, S, H) at the end. T is often half of B·S on real text, and the dense layers
+are most of the work.
 """
 
 from __future__ import annotations
@@ -151,6 +157,57 @@ def may_overwrite_output(*modules: nn.Module) -> bool:
 
 
 @dataclass
+class Packing:
+    """Where the real tokens of a padded (B, S) batch lie in the packed (T, ...) layout of the
+    unpadded path, T = the number of real tokens.
+
+    Examples are packed in order of length (stable), so that examples of equal length are adjacent:
+    each group of `count` examples of `length` tokens is the contiguous rows `start` to
+    `start + count * length` of the packed sequence and runs through one attention call as a
+    (count, A, length, D) batch, without padding and without copying it out.
+    """
+
+    batch: int
+    seq_length: int
+    index: torch.Tensor  # (T,) int64: b * S + s, the place of each packed token in the padded (B·S) layout
+    positions: torch.Tensor  # (T,) int64: s, its position id (its column, as in the padded path)
+    groups: tuple[tuple[int, int, int], ...]  # (start, count, length) per run of equal-length examples
+    is_causal: bool = False
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False) -> Packing:
+        """attention_mask: (B, S), 1 = real token, 0 = padding (anywhere in the row, not only at the end)."""
+        mask = attention_mask.bool()
+        batch, seq_length = mask.shape
+        lengths = mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        rows, columns = mask[order].nonzero(as_tuple=True)  # row-major: tokens keep their order
+        index = order[rows] * seq_length + columns
+        groups, start = [], 0
+        sorted_lengths = lengths[order].tolist()  # a host sync on GPU, once per forward pass
+        for length in sorted(set(sorted_lengths)):
+            count = sorted_lengths.count(length)
+            if length:  # an all-padding row has no tokens to attend
+                groups.append((start, count, length))
+            start += count * length
+        return cls(batch, seq_length, index, columns, tuple(groups), is_causal)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.index.shape[0]
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S, ...) -> (T, ...): the real tokens."""
+        return x.reshape(self.batch * self.seq_length, *x.shape[2:])[self.index]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, H) -> (B, S, H), zeros at the padding positions (what the padded path leaves there is
+        arbitrary: no caller may read it)."""
+        out = x.new_zeros(self.batch * self.seq_length, x.shape[-1])
+        return out.index_copy_(0, self.index, x).view(self.batch, self.seq_length, x.shape[-1])
+
+
+@dataclass
 class EncoderOutput:
     last_hidden_state: torch.Tensor  # (B, S, H)
     pooler_output: torch.Tensor | None = None  # (B, H): tanh(W · h_[CLS] + b)
@@ -169,21 +226,32 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids, token_type_ids: (B, S) -> (B, S, H)."""
-        seq_length = input_ids.shape[1]
+    def check_length(self, seq_length: int) -> None:
         max_positions = self.position_embeddings.num_embeddings
         if seq_length > max_positions:
             raise ValueError(
                 f"input_ids has {seq_length} tokens but the model has only {max_positions} position "
                 "embeddings: truncate the input (max_length) or use sliding windows"
             )
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, token_type_ids: (B, S) -> (B, S, H); positions 0 .. S-1.
+
+        With `position_ids` (the packed tokens of the unpadded path): input_ids, token_type_ids and
+        position_ids (T,) -> (T, H), the same values as those tokens' rows of the padded call.
+        """
+        if position_ids is None:
+            seq_length = input_ids.shape[1]
+            self.check_length(seq_length)
+            positions = self.position_embeddings.weight[:seq_length]
+        else:
+            positions = self.position_embeddings(position_ids)
         embeddings = self.word_embeddings(input_ids)
         if token_type_ids is None:  # all segment A: one broadcast row instead of a gather
             token_types = self.token_type_embeddings.weight[0]
         else:
             token_types = self.token_type_embeddings(token_type_ids)
-        positions = self.position_embeddings.weight[:seq_length]
         if may_overwrite_output(self.word_embeddings) and embeddings.dtype == token_types.dtype == positions.dtype:
             embeddings.add_(token_types).add_(positions)  # same order, same rounding
         else:
@@ -202,6 +270,10 @@ class MultiHeadSelfAttention(nn.Module):
         self.key = nn.Linear(hidden, hidden)
         self.value = nn.Linear(hidden, hidden)
         self.dropout_p = config.attention_probs_dropout_prob
+        # A module computing all three projections at once, (..., H) -> (..., 3H), that replaces
+        # query/key/value when set: int8 quantization (`optimize_for_inference`) quantizes the
+        # fused (3H, H) weight as one matrix. None: the three Linears, fused through `_fused`.
+        self.qkv: nn.Module | None = None
         self._share_qkv_storage()
 
     def _share_qkv_storage(self) -> None:
@@ -238,19 +310,29 @@ class MultiHeadSelfAttention(nn.Module):
             return torch.cat(params)
         return first.detach().as_strided((3 * first.shape[0], *first.shape[1:]), first.stride())
 
+    def project_qkv(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+        """(..., H) -> (..., 3H): the query, key and value projections side by side."""
+        if self.qkv is not None:
+            return self.qkv(hidden_states)
+        # One (H, 3H) matmul instead of three (H, H) ones: fewer, larger GEMMs are faster on every
+        # backend, and the parameters keep their separate checkpoint names.
+        return project(hidden_states, self._fused("weight"), self._fused("bias"), workspace, "qkv")
+
     def forward(
         self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
-        workspace: Workspace | None = None,
+        workspace: Workspace | None = None, packing: Packing | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states: (B, S, H); mask: bool (B or 1, 1, S or 1, K), True = may attend. K < S
         (without output_attentions) says that keys from K on are masked for every query.
 
         Returns the context (B, S, H) and, if asked, the attention probabilities (B, A, S, S).
+        With `packing` (the unpadded path): hidden_states (T, H) -> context (T, H); `mask` is not
+        used (each example attends to its own tokens) and there are no probabilities.
         """
+        if packing is not None:
+            return self._forward_packed(hidden_states, packing, workspace), None
         batch, seq_length, hidden = hidden_states.shape
-        # One (H, 3H) matmul instead of three (H, H) ones: fewer, larger GEMMs are faster on every
-        # backend, and the parameters keep their separate checkpoint names.
-        qkv = project(hidden_states, self._fused("weight"), self._fused("bias"), workspace, "qkv")
+        qkv = self.project_qkv(hidden_states, workspace)
         qkv = qkv.view(batch, seq_length, 3, self.num_heads, hidden // self.num_heads).permute(2, 0, 3, 1, 4)
         query, key, value = qkv.unbind(0)  # each (B, A, S, D)
         dropout_p = self.dropout_p if self.training else 0.0
@@ -269,6 +351,31 @@ class MultiHeadSelfAttention(nn.Module):
                 key, value = key[:, :, :keys], value[:, :, :keys]
             context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
         return context.transpose(1, 2).reshape(batch, seq_length, hidden), probs
+
+    def _forward_packed(self, hidden_states: torch.Tensor, packing: Packing,
+                        workspace: Workspace | None) -> torch.Tensor:
+        """(T, H) -> (T, H): attention within each example of the packed batch.
+
+        One scaled_dot_product_attention call per run of equal-length examples, on views of the
+        packed QKV rows: no padding, no mask, so no attention work is spent on padding. (Measured
+        on one thread of a shared 2-core CPU, SST-2 batches of 32, MiniLM: 0.48 ms per layer,
+        against 0.63 ms for one call per example and 0.84 ms for scattering Q, K, V into a padded,
+        masked batch; nested (jagged) tensors have no CPU kernel for it in torch 2.13.)
+        """
+        tokens, hidden = hidden_states.shape
+        heads = self.num_heads
+        qkv = self.project_qkv(hidden_states, workspace)  # (T, 3H)
+        if workspace is not None:
+            context = workspace.get("context", (tokens, hidden), qkv)
+        else:
+            context = qkv.new_empty(tokens, hidden)
+        dropout_p = self.dropout_p if self.training else 0.0
+        for start, count, length in packing.groups:
+            rows = slice(start, start + count * length)
+            query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
+            out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
+            context[rows].view(count, length, heads, hidden // heads).copy_(out.transpose(1, 2))
+        return context
 
 
 class ResidualLayerNorm(nn.Module):
@@ -297,8 +404,11 @@ class Attention(nn.Module):
         self.self = MultiHeadSelfAttention(config)  # named `self` by the checkpoint layout
         self.output = ResidualLayerNorm(config.hidden_size, config)
 
-    def forward(self, hidden_states, mask, output_attentions=False, workspace=None):
-        context, probs = self.self(hidden_states, mask, output_attentions, workspace=workspace)
+    def forward(self, hidden_states, mask, output_attentions=False, workspace=None, packing=None):
+        # `packing` is passed on only when set, so that a replaced attention module (a subclass
+        # or a wrapper from another library) that knows nothing of it keeps working on the padded path.
+        extra = {} if packing is None else {"packing": packing}
+        context, probs = self.self(hidden_states, mask, output_attentions, workspace=workspace, **extra)
         return self.output(context, hidden_states, workspace=workspace), probs
 
 
@@ -330,8 +440,10 @@ class TransformerLayer(nn.Module):
         self.intermediate = FeedForwardExpansion(config)
         self.output = ResidualLayerNorm(config.intermediate_size, config)
 
-    def forward(self, hidden_states, mask, output_attentions=False, workspace=None):
-        attended, probs = self.attention(hidden_states, mask, output_attentions, workspace=workspace)
+    def forward(self, hidden_states, mask, output_attentions=False, workspace=None, packing=None):
+        """hidden_states (B, S, H) -> (B, S, H); with `packing` (unpadded), (T, H) -> (T, H)."""
+        extra = {} if packing is None else {"packing": packing}
+        attended, probs = self.attention(hidden_states, mask, output_attentions, workspace=workspace, **extra)
         expanded = self.intermediate(attended, workspace=workspace)
         return self.output(expanded, attended, workspace=workspace), probs
 
@@ -396,6 +508,9 @@ class BertModel(PreTrainedBert):
         self.embeddings = BertEmbeddings(config)
         self.encoder = Encoder(config)
         self.pooler = Pooler(config) if add_pooling_layer else None
+        # The default of `forward`'s `unpad`: set it (or `optimize_for_inference(model, unpad=True)`)
+        # to run a head class's encoder unpadded without changing its calls.
+        self.unpad = False
         self.init_weights()
 
     def _inference_fast_path(self, input_ids: torch.Tensor) -> bool:
@@ -416,11 +531,31 @@ class BertModel(PreTrainedBert):
         attention_mask: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        unpad: bool | None = None,
     ) -> EncoderOutput:
-        """input_ids, token_type_ids, attention_mask (1 = real token, 0 = padding): (B, S)."""
+        """input_ids, token_type_ids, attention_mask (1 = real token, 0 = padding): (B, S).
+
+        `unpad` (default: the `unpad` attribute, False unless set): compute only the real tokens
+        (see `Packing`) when the batch has padding. The outputs at real positions, and the pooled
+        vector where position 0 is real, equal the padded path's to float rounding (≤ 1e-5 in
+        fp32); padding positions hold zeros. With output_attentions, or without an attention mask
+        or padding, the padded path runs (there is nothing to remove, or the (B, A, S, S)
+        probabilities are asked for).
+        """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
+        if unpad is None:
+            unpad = self.unpad
+        if not isinstance(unpad, bool):
+            raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
         fast = self._inference_fast_path(input_ids)
+        if unpad and attention_mask is not None and not output_attentions:
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
+                                 f"{tuple(input_ids.shape)}")
+            if not bool(attention_mask.bool().all()):
+                return self._forward_unpadded(input_ids, token_type_ids, attention_mask, output_hidden_states,
+                                              Workspace() if fast else None)
         # Keys are cut only where no (B, A, S, S) probabilities are asked for (and, being on CPU,
         # finding the last real key costs no device sync).
         mask = attention_mask_for(attention_mask, input_ids.shape[1], self.config.is_causal, input_ids.device,
@@ -443,4 +578,25 @@ class BertModel(PreTrainedBert):
             pooler_output=self.pooler(hidden) if self.pooler is not None else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
+        )
+
+    def _forward_unpadded(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                          attention_mask: torch.Tensor, output_hidden_states: bool,
+                          workspace: Workspace | None) -> EncoderOutput:
+        """The unpadded path: pack (B, S) -> (T,), run every layer on (T, H), scatter back to (B, S, H)."""
+        self.embeddings.check_length(input_ids.shape[1])
+        packing = Packing.from_mask(attention_mask, self.config.is_causal)
+        hidden = self.embeddings(packing.pack(input_ids),
+                                 None if token_type_ids is None else packing.pack(token_type_ids),
+                                 position_ids=packing.positions)
+        all_hidden = [packing.unpack(hidden)] if output_hidden_states else None
+        for layer in self.encoder.layer:
+            hidden, _ = layer(hidden, None, False, workspace=workspace, packing=packing)
+            if output_hidden_states:
+                all_hidden.append(packing.unpack(hidden))
+        sequence = all_hidden[-1] if output_hidden_states else packing.unpack(hidden)
+        return EncoderOutput(
+            last_hidden_state=sequence,
+            pooler_output=self.pooler(sequence) if self.pooler is not None else None,
+            hidden_states=tuple(all_hidden) if output_hidden_states else None,
         )

@@ -1,7 +1,9 @@
 """The paper's "one additional output layer" per task shape (§3, Figure 4), and the pre-training heads.
 
 Each head takes labels and then returns a loss; labels equal to -100 are ignored, as in PyTorch's
-cross-entropy. Shapes: B batch, S sequence length, H hidden, V vocabulary, P masked positions,
+cross-entropy. `unpad` is passed to the encoder (`BertModel.forward`: compute only the real tokens;
+None = the encoder's `unpad` attribute); logits at real positions do not change beyond rounding.
+Shapes: B batch, S sequence length, H hidden, V vocabulary, P masked positions,
 C choices, K labels.
 """
 
@@ -135,8 +137,10 @@ class BertForPreTraining(PreTrainedBert):
         labels: torch.Tensor | None = None,
         output_hidden_states: bool = False,
         output_attentions: bool = False,
+        unpad: bool | None = None,
     ) -> PreTrainingOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        unpad=unpad)
         logits, mlm_loss = _masked_lm(self.bert, self.cls.predictions, out.last_hidden_state,
                                       masked_lm_positions, masked_lm_labels, labels)
         nsp_logits = self.cls.seq_relationship(out.pooler_output)
@@ -163,8 +167,9 @@ class BertForMaskedLM(PreTrainedBert):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 masked_lm_positions=None, masked_lm_labels=None,
-                output_hidden_states=False, output_attentions=False) -> TaskOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        unpad=unpad)
         logits, loss = _masked_lm(self.bert, self.cls.predictions, out.last_hidden_state,
                                   masked_lm_positions, masked_lm_labels, labels)
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
@@ -187,8 +192,9 @@ class BertForSequenceClassification(PreTrainedBert):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> TaskOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        unpad=unpad)
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
         loss = None
         if labels is not None:
@@ -211,8 +217,9 @@ class BertForTokenClassification(PreTrainedBert):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> TaskOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        unpad=unpad)
         logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, K)
         loss = None
         if labels is not None:
@@ -231,8 +238,10 @@ class BertForQuestionAnswering(PreTrainedBert):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, start_positions=None,
-                end_positions=None, output_hidden_states=False, output_attentions=False) -> QuestionAnsweringOutput:
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions)
+                end_positions=None, output_hidden_states=False, output_attentions=False,
+                unpad=None) -> QuestionAnsweringOutput:
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
+                        unpad=unpad)
         start_logits, end_logits = self.qa_outputs(out.last_hidden_state).unbind(-1)  # (B, S) each
         loss = None
         if start_positions is not None and end_positions is not None:
@@ -257,7 +266,7 @@ class BertForMultipleChoice(PreTrainedBert):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states=False, output_attentions=False) -> TaskOutput:
+                output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
         """input_ids, token_type_ids, attention_mask: (B, C, S) -> logits (B, C)."""
         num_choices = input_ids.shape[1]
 
@@ -265,7 +274,7 @@ class BertForMultipleChoice(PreTrainedBert):
             return None if x is None else x.reshape(-1, x.shape[-1])
 
         out = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask),
-                        output_hidden_states, output_attentions)
+                        output_hidden_states, output_attentions, unpad=unpad)
         logits = self.classifier(self.dropout(out.pooler_output)).view(-1, num_choices)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels.reshape(-1))
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)

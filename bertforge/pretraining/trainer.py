@@ -166,6 +166,7 @@ class PretrainingArguments:
     num_threads: int | None = None
     device: str | None = None
     progress: bool = True
+    max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save the model when spent
 
 
 def open_dataset(path: str | os.PathLike, seed: int) -> PretrainingDataset:
@@ -260,7 +261,7 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
         max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every, save_every=args.save_every,
         keep_last=args.keep_last, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
         num_workers=args.num_workers, num_threads=args.num_threads, device=args.device, fsdp=args.fsdp,
-        progress=args.progress)
+        progress=args.progress, max_minutes=args.max_minutes)
     context = setup(args.device)
     try:
         model = build_model(config, args.seed, step.nsp)
@@ -274,9 +275,9 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
             parameters = sum(p.numel() for p in model.parameters())
             logger.info("pre-training %s (%.1fM parameters) for %d steps on %d process(es)", args.config,
                         parameters / 1e6, trainer.total_steps, context.world_size)
-        trainer.train(resume_from=resume or None, stop_at_step=stop_at_step)
+        result = trainer.train(resume_from=resume or None, stop_at_step=stop_at_step)
         final = output_dir / FINAL_DIR
-        finished = trainer.step == trainer.total_steps
+        finished = trainer.step == trainer.total_steps or result.budget_spent
         model = trainer.final_model() if finished else None  # gathered from the shards under FSDP
         if context.is_main and finished:
             model.save_pretrained(final)

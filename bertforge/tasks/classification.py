@@ -316,3 +316,281 @@ def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int, epo
     if last is not None:
         batches.append(last)
     return [int(i) for batch in batches for i in batch]
+
+
+# ---------------------------------------------------------------------------- long inputs
+
+LONG_INPUT_MODES = ("truncate", "windows")
+
+
+def _content_ids(tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """WordPiece ids of each text without special tokens and without truncation."""
+    rows = tokenizer.encode_batch(list(texts), max_length=1 << 30, truncation=False, padding=False)
+    return [row["input_ids"][1:-1] for row in rows]  # strip [CLS] ... [SEP]
+
+
+def convert_examples_to_window_features(examples: Sequence[InputExample], tokenizer,
+                                        label_list: Sequence[str] | None, max_seq_length: int = 128,
+                                        stride: int | None = None) -> list[dict]:
+    """Like `convert_examples_to_features`, but an example longer than `max_seq_length` becomes several
+    overlapping windows instead of being truncated: `{"input_ids", "token_type_ids", "label", "example"}`
+    per window, `example` being the index of its example (every window carries the example's label, so
+    training sees the whole document and evaluation aggregates the windows' logits, see
+    `aggregate_window_logits`).
+
+    A single text is cut into windows of `max_seq_length - 2` tokens (`[CLS] window [SEP]`) whose starts
+    are `stride` tokens apart (default: half a window, so each token lies in at most two windows). For a
+    pair, the longer text is windowed and the shorter kept whole in every window (truncated to at most
+    half of the room if need be), segments in their original order. An example that fits gives one
+    window, identical to the `truncate` feature.
+    """
+    from .windows import windows
+
+    label_map = None if label_list is None else {label: i for i, label in enumerate(label_list)}
+    texts_a = _content_ids(tokenizer, [e.text_a for e in examples])
+    pairs = [i for i, e in enumerate(examples) if e.text_b is not None]
+    texts_b: dict[int, list[int]] = dict(zip(pairs, _content_ids(tokenizer, [examples[i].text_b for i in pairs])))
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    features = []
+    for index, example in enumerate(examples):
+        label = _feature_label(example, label_map)
+        a, b = texts_a[index], texts_b.get(index)
+        room = max_seq_length - (2 if b is None else 3)  # tokens left after the special tokens
+        if room < 2:
+            raise ValueError(f"max_seq_length={max_seq_length} leaves no room for text")
+        if b is None:
+            long, short, long_first = a, None, True
+        else:
+            long_first = len(a) >= len(b)
+            long, short = (a, b) if long_first else (b, a)
+            short = short[:max(room - len(long), room // 2)]  # whole if it fits beside the long text
+        width = room - (0 if short is None else len(short))
+        step = max(1, width // 2) if stride is None else stride
+        for start, end in windows(len(long), width, step):
+            piece = long[start:end]
+            if short is None:
+                ids, types = [cls, *piece, sep], [0] * (len(piece) + 2)
+            else:
+                first, second = (piece, short) if long_first else (short, piece)
+                ids = [cls, *first, sep, *second, sep]
+                types = [0] * (len(first) + 2) + [1] * (len(second) + 1)
+            features.append({"input_ids": ids, "token_type_ids": types, "label": label, "example": index})
+    return features
+
+
+def _convert(examples: Sequence[InputExample], tokenizer, label_list: Sequence[str] | None, max_seq_length: int,
+             long_input: str, stride: int | None) -> list[dict]:
+    """The features of `examples` under a `long_input` mode ("truncate" or "windows")."""
+    if long_input == "truncate":
+        return convert_examples_to_features(examples, tokenizer, label_list, max_seq_length)
+    if long_input == "windows":
+        return convert_examples_to_window_features(examples, tokenizer, label_list, max_seq_length, stride)
+    raise ValueError(f"long_input must be one of {', '.join(LONG_INPUT_MODES)}, got {long_input!r}")
+
+
+def predict_examples(model, features: Sequence[dict], batch_size: int = 128, pad_token_id: int = 0) -> np.ndarray:
+    """Logits (N, K), one row per example: `predict_features`, then, for window features (those with an
+    `example` index), the MEAN of each example's window logits (every part of a long document votes
+    equally; see `bertforge.tasks.windows.aggregate_window_logits`)."""
+    from .windows import aggregate_window_logits
+
+    logits = predict_features(model, features, batch_size, pad_token_id)
+    if not features or "example" not in features[0]:
+        return logits
+    aggregated, order = aggregate_window_logits(logits, [f["example"] for f in features], "mean")
+    if order != sorted(order):  # windows are built example by example, so this holds; guard anyway
+        aggregated = aggregated[np.argsort(order)]
+    return aggregated
+
+
+# ---------------------------------------------------------------------------- fine-tuning
+
+def classify_metrics(predictions: Sequence, labels: Sequence, regression: bool) -> dict[str, float]:
+    """The user's own task: accuracy and macro F1 for classes (macro: no class is "the positive one"),
+    Pearson, Spearman and MSE for regression."""
+    from ..metrics.glue import accuracy, pearson, spearman
+
+    if regression:
+        predictions, labels = np.asarray(predictions, dtype=np.float64), np.asarray(labels, dtype=np.float64)
+        return {"pearson": pearson(predictions, labels), "spearman": spearman(predictions, labels),
+                "mse": float(np.mean((predictions - labels) ** 2))}
+    from sklearn.metrics import f1_score
+
+    return {"accuracy": accuracy(predictions, labels),
+            "f1_macro": float(f1_score(labels, predictions, average="macro", zero_division=0))}
+
+
+@torch.no_grad()
+def predict_features(model, features: Sequence[dict], batch_size: int = 128, pad_token_id: int = 0) -> np.ndarray:
+    """Logits (N, K) of a sequence classifier for `features`, in their order. Rows are batched by length
+    (sorted, so padding is minimal) and put back in order."""
+    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+    device = next(model.parameters()).device
+    logits = [None] * len(features)
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = collate([{k: v for k, v in features[i].items() if k != "label"} for i in rows], pad_token_id)
+            out = model(**{k: v.to(device) for k, v in batch.items()})
+            for i, row in zip(rows, out.logits.float().cpu().numpy()):
+                logits[i] = row
+    finally:
+        model.train(was_training)
+    return np.stack(logits) if logits else np.zeros((0, 0), dtype=np.float32)
+
+
+def logits_to_predictions(logits: np.ndarray, regression: bool) -> np.ndarray:
+    """Label ids (argmax), or the score of a regression head."""
+    return logits[:, 0] if regression else logits.argmax(-1)
+
+
+def sequence_classification_step(model, batch: dict[str, torch.Tensor]):
+    """The loss of a batch (cross-entropy, or MSE for regression) and, for classes, the accuracy."""
+    out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"], labels=batch["labels"])
+    metrics = {}
+    if out.logits.shape[-1] > 1:
+        with torch.no_grad():
+            metrics["accuracy"] = ((out.logits.argmax(-1) == batch["labels"]).sum(), len(batch["labels"]))
+    return out.loss, metrics
+
+
+def classification_task(name: str, model_dir: str | os.PathLike, train_examples: Sequence[InputExample],
+                        dev_sets: dict[str, Sequence[InputExample]], label_list: Sequence[str] | None, *,
+                        metrics_fn, main_metric: str, max_seq_length: int = 128, eval_batch_size: int = 128,
+                        long_input: str = "truncate", window_stride: int | None = None):
+    """A `FinetuneTask` for sentence(-pair) classification or regression (`label_list=None`).
+
+    `dev_sets` maps a name ("dev", or MNLI's "dev_matched" and "dev_mismatched") to its examples;
+    `metrics_fn(dev_name, predictions, labels)` scores one of them (the dicts of all are merged).
+    `long_input="windows"`: an input longer than `max_seq_length` is cut into overlapping windows
+    (`convert_examples_to_window_features`), each a training feature with the example's label; an
+    example's prediction is the mean of its windows' logits. "truncate" (default): Google's truncation.
+    """
+    from ..modeling import BertForSequenceClassification
+    from ..tokenization import BertTokenizer
+    from ..training.finetune import FinetuneTask
+
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    regression = label_list is None
+    train_features = _convert(train_examples, tokenizer, label_list, max_seq_length, long_input, window_stride)
+    dev_features = {split: _convert(examples, tokenizer, label_list, max_seq_length, long_input, window_stride)
+                    for split, examples in dev_sets.items()}
+    # Metrics are per example (a windowed example has several features, one prediction).
+    label_map = None if label_list is None else {label: i for i, label in enumerate(label_list)}
+    dev_labels = {split: [_feature_label(e, label_map) for e in examples] for split, examples in dev_sets.items()}
+    pad_id = tokenizer.vocab.get("[PAD]", 0)
+    labels = None if regression else list(label_list)
+
+    def build_model():
+        overrides = dict(num_labels=1, id2label=None, problem_type="regression") if regression else dict(
+            num_labels=len(labels), id2label=id2label(labels), problem_type="single_label_classification")
+        if long_input != "truncate":  # recorded in config.json: `predict` then windows the same way by default
+            overrides.update(long_input=long_input, window_stride=window_stride)
+        return BertForSequenceClassification.from_pretrained(model_dir, finetuning_task=name, **overrides)
+
+    def evaluate(model):
+        metrics, predictions = {}, {}
+        for split, features in dev_features.items():
+            logits = predict_examples(model, features, eval_batch_size, pad_id)  # one row per example
+            predictions[split] = logits_to_predictions(logits, regression)
+            metrics.update(metrics_fn(split, predictions[split], dev_labels[split]))
+        return metrics, predictions
+
+    def write_predictions(output_dir: Path, predictions) -> None:
+        from .glue import write_dev_predictions
+
+        for split, values in predictions.items():
+            write_dev_predictions(output_dir / f"{split}_predictions.jsonl", dev_sets[split], values, labels)
+
+    return FinetuneTask(
+        name=name, build_model=build_model, tokenizer=tokenizer, train_features=train_features,
+        collate=lambda rows: collate(rows, pad_id), step_fn=sequence_classification_step, evaluate=evaluate,
+        main_metric=main_metric, write_predictions=write_predictions,
+        lengths=[len(f["input_ids"]) for f in train_features])
+
+
+def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, output_file: str | os.PathLike, *,
+                 task: str | None = None, max_seq_length: int = 128, batch_size: int = 128,
+                 long_input: str | None = None, window_stride: int | None = None) -> Path:
+    """Predictions of a fine-tuned sequence classifier for a file; returns the written path.
+
+    The task comes from the model (`finetuning_task` in its config.json, written by `bertforge finetune`)
+    unless given. A GLUE task reads the GLUE layout (a test.tsv, or a dev/train-shaped file) and writes the
+    GLUE server's submission format, `index<TAB>prediction` with label strings (STS-B: scores). Any
+    other task reads CSV/TSV/JSONL with `text` (and `text_pair`) and writes `index<TAB>prediction<TAB>score`
+    (the probability of the predicted label; the predicted value for regression).
+    `long_input="windows"` classifies a long input by the mean logits of its windows (see `classification_task`);
+    `long_input` and `window_stride` default to what the model was fine-tuned with (config.json), else "truncate".
+    """
+    from ..modeling import BertConfig, BertForSequenceClassification
+    from ..tokenization import BertTokenizer
+    from .glue import get_task, read_glue_file, write_predictions
+
+    config = BertConfig.from_pretrained(model_dir)
+    task = task or config.extra.get("finetuning_task")
+    if task is None:
+        raise ValueError(f"{model_dir}: no finetuning_task in config.json; pass the task (a GLUE task or 'classify')")
+    long_input = long_input or config.extra.get("long_input") or "truncate"
+    if window_stride is None:
+        window_stride = config.extra.get("window_stride")
+    regression = config.num_labels == 1
+    label_list = None if regression or config.id2label is None else [config.id2label[i] for i in range(config.num_labels)]
+    spec = None
+    if task != "classify":
+        spec = get_task(task)
+        # A test file (its header starts with GLUE's id column), or a labelled file laid out as dev/train.
+        # The header decides, not the field count: SST-2's test and dev files both have two columns.
+        with open(input_file, encoding="utf-8-sig") as handle:
+            first = handle.readline().split("\t")[0].strip().lower()
+        splits = ("test", "dev", "train") if first in ("index", "id") else ("dev", "train")
+        examples, errors = None, []
+        for split in splits:
+            try:
+                examples = read_glue_file(spec, input_file, split)
+                break
+            except ValueError as error:
+                errors.append(f"as {split}: {error}")
+        if examples is None:
+            raise ValueError(f"{input_file} is not a {spec.name} file:\n  " + "\n  ".join(errors))
+    else:
+        examples, _ = read_classify_file(input_file, regression, label_list=label_list, require_labels=False)
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    model = BertForSequenceClassification.from_pretrained(model_dir)
+    features = _convert([InputExample(e.guid, e.text_a, e.text_b) for e in examples], tokenizer, label_list,
+                        max_seq_length, long_input, window_stride)
+    logits = predict_examples(model, features, batch_size, tokenizer.vocab.get("[PAD]", 0))
+    predictions = logits_to_predictions(logits, regression)
+    output_file = Path(output_file)
+    if spec is not None:
+        return write_predictions(output_file, spec, [e.id for e in examples], predictions, label_list)
+    if regression:
+        scores = predictions
+        shown = [f"{p:.6f}" for p in predictions]
+    else:
+        probabilities = torch.softmax(torch.from_numpy(logits), -1).numpy()
+        scores = probabilities[np.arange(len(predictions)), predictions]
+        shown = [label_list[p] for p in predictions]
+    output_file.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["index\tprediction\tscore"] + [f"{i}\t{p}\t{s:.6f}" for i, (p, s) in enumerate(zip(shown, scores))]
+    output_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return output_file
+
+
+def classify_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_file: str | os.PathLike, *,
+                  regression: bool = False, max_seq_length: int = 128, eval_batch_size: int = 128,
+                  long_input: str = "truncate", window_stride: int | None = None):
+    """The `FinetuneTask` of the user's own files (see `read_classify_file`); the label list is the
+    training file's, saved with the model as `config.id2label`. `long_input`: see `classification_task`."""
+    train, label_list = read_classify_file(train_file, regression)
+    dev, _ = read_classify_file(dev_file, regression, label_list=label_list)
+
+    def metrics_fn(split: str, predictions, labels) -> dict[str, float]:
+        return classify_metrics(predictions, labels, regression)
+
+    return classification_task("classify", model_dir, train, {"dev": dev}, label_list, metrics_fn=metrics_fn,
+                               main_metric="pearson" if regression else "accuracy",
+                               max_seq_length=max_seq_length, eval_batch_size=eval_batch_size,
+                               long_input=long_input, window_stride=window_stride)

@@ -30,6 +30,7 @@ wrong number of fields, an unknown label, a non-numeric STS-B score or an empty 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -331,3 +332,36 @@ def write_dev_predictions(path: str | os.PathLike, examples: Sequence[InputExamp
                     record["correct"] = record["prediction"] == example.label
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
     return path
+
+
+# ---------------------------------------------------------------------------- fine-tuning and prediction
+
+def glue_task(task: str | TaskSpec, data_dir: str | os.PathLike, model_dir: str | os.PathLike, *,
+              max_seq_length: int = 128, eval_batch_size: int = 128, max_train_examples: int | None = None,
+              long_input: str = "truncate", window_stride: int | None = None):
+    """The `FinetuneTask` of a GLUE task: train.tsv to train, the dev file(s) to select on (MNLI: both).
+    `long_input="windows"` windows inputs longer than `max_seq_length` (see `classification_task`)."""
+    from ..metrics.glue import glue_metrics, main_metric
+    from .classification import classification_task
+
+    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    train = read_glue_examples(spec, data_dir, "train")[:max_train_examples]
+    dev_sets = {split: read_glue_examples(spec, data_dir, split) for split in spec.dev_splits}
+
+    def metrics_fn(split: str, predictions, labels) -> dict[str, float]:
+        return glue_metrics(spec.split(split).metrics_task, predictions, labels)
+
+    return classification_task(spec.name, model_dir, train, dev_sets, spec.label_list, metrics_fn=metrics_fn,
+                                main_metric=main_metric(spec.name), max_seq_length=max_seq_length,
+                                eval_batch_size=eval_batch_size, long_input=long_input, window_stride=window_stride)
+
+
+def read_glue_file(task: str | TaskSpec, path: str | os.PathLike, split: str = "test") -> list[InputExample]:
+    """The examples of one GLUE file given by its path, laid out as the task's `split`."""
+    spec = task if isinstance(task, TaskSpec) else get_task(task)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"input file not found: {path}")
+    layout = dataclasses.replace(spec.split(split), file=path.name)
+    custom = dataclasses.replace(spec, splits={**spec.splits, spec.split_name(split): layout})
+    return read_glue_examples(custom, path.parent, split)

@@ -93,6 +93,10 @@ class TrainingArguments:
     find_unused_parameters: bool = False  # DDP: a task whose step leaves some parameters without gradient
     progress: bool = True  # tqdm progress bar (main process only)
     save_final: bool = True  # a checkpoint at the last step
+    max_minutes: float | None = None  # wall-clock budget of training (resumed runs included); then stop as if done
+    eval_each_epoch: bool = False  # also evaluate at the end of every epoch
+    best_metric: str | None = None  # an evaluation result (without "eval_") that picks the best model
+    greater_is_better: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -104,6 +108,8 @@ class TrainingArguments:
             raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
         if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        if self.max_minutes is not None and self.max_minutes <= 0:
+            raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
 
 
 @dataclass
@@ -114,6 +120,9 @@ class Phase:
     steps: int | None = None  # None: the remaining steps (or `epochs` passes)
     batch_size: int | None = None  # default: TrainingArguments.batch_size
     name: str = ""
+    # An epoch's example order, order_fn(seed, epoch) -> a permutation of range(len(dataset)); default
+    # a uniform shuffle. E.g. `length_grouped_order`: batches of similar lengths pad little.
+    order_fn: Callable[[int, int], Sequence[int]] | None = None
 
 
 @dataclass
@@ -122,6 +131,8 @@ class TrainResult:
     last_log: dict[str, Any] | None
     checkpoint: Path | None
     eval: dict[str, float] | None = None
+    best: dict[str, Any] | None = None  # the evaluation record with the best `best_metric`
+    budget_spent: bool = False  # stopped by max_minutes before the last step
 
 
 @dataclass
@@ -233,6 +244,8 @@ class Trainer:
         tokens_fn: Callable[[Batch], int] | None = None,
         eval_dataset: Sequence | None = None,
         eval_fn: EvalFn | None = None,
+        evaluator: Callable[[nn.Module], Mapping[str, float]] | None = None,
+        on_best: Callable[[nn.Module, dict[str, Any]], None] | None = None,
         summarize_fn: Callable[[dict[str, float]], dict[str, float]] | None = None,
         optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
         checkpoint_extra: dict[str, Any] | None = None,
@@ -248,6 +261,11 @@ class Trainer:
         self.count_fn = count_fn or default_count
         self.tokens_fn = tokens_fn or default_tokens
         self.eval_dataset, self.eval_fn, self.summarize_fn = eval_dataset, eval_fn, summarize_fn
+        if evaluator is not None and eval_dataset is not None:
+            raise ValueError("give either eval_dataset (batch metrics) or evaluator (whole-set metrics), not both")
+        if args.best_metric and evaluator is None and eval_dataset is None:
+            raise ValueError(f"best_metric={args.best_metric!r} needs evaluation data or an evaluator")
+        self.evaluator, self.on_best = evaluator, on_best
         self.checkpoint_extra = checkpoint_extra or {}
         self.output_dir = Path(args.output_dir)
         self.checkpoint_dir = self.output_dir / CHECKPOINT_DIR
@@ -276,6 +294,9 @@ class Trainer:
         self.last_log: dict[str, Any] | None = None
         self.last_lr = self.scheduler.get_last_lr()[0]
         self._loss_names: set[str] = set()
+        self.best: dict[str, Any] | None = None
+        self.train_seconds = 0.0  # training time of earlier runs of this job (resume), for max_minutes
+        self.run_seconds = 0.0  # training time of this run so far (evaluation and saving excluded)
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -350,7 +371,12 @@ class Trainer:
                 continue
             if hasattr(phase.dataset, "set_epoch"):
                 phase.dataset.set_epoch(position.epoch)
-            order = epoch_permutation(plan.size, self.args.seed, position.epoch, position.phase)
+            if phase.order_fn is not None:
+                order = torch.as_tensor(phase.order_fn(self.args.seed, position.epoch), dtype=torch.long)
+                if len(order) != plan.size:
+                    raise ValueError(f"order_fn gave {len(order)} indices for a dataset of {plan.size}")
+            else:
+                order = epoch_permutation(plan.size, self.args.seed, position.epoch, position.phase)
             last = min(plan.steps_per_epoch, position.step_in_epoch + phase_end - done)
             steps = [plan.micro_batches(order, s) for s in range(position.step_in_epoch, last)]
             loader = DataLoader(phase.dataset, batch_sampler=[m for step in steps for m in step],
@@ -485,6 +511,8 @@ class Trainer:
 
         `eval_fn(model, batch)` gives them; without one, the step_fn's losses and metrics are used.
         """
+        if self.evaluator is not None:
+            return self._evaluate_whole()
         if self.eval_dataset is None:
             return {}
         context = self.context
@@ -524,16 +552,58 @@ class Trainer:
             self.module.train(was_training)
         return {f"eval_{name}": value for name, value in window.reduce(context).items()}
 
+    def _evaluate_whole(self) -> dict[str, float]:
+        """The evaluator's metrics, named eval_*. Every process runs it on the whole set (metrics such as F1 or
+        a correlation do not split into per-batch sums); the results are the main process's."""
+        if self._is_fsdp:
+            raise ValueError("an evaluator needs the whole model in each process: not available under FSDP")
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                results = dict(self.evaluator(self.module))
+        finally:
+            self.module.train(was_training)
+        if self.context.is_distributed:  # the same numbers everywhere, whatever the kernels' rounding
+            results = self.context.all_gather_object(results)[0]
+        return {f"eval_{name}": float(value) for name, value in results.items()}
+
+    def _is_better(self, record: dict[str, Any]) -> bool:
+        key = f"eval_{self.args.best_metric}"
+        if key not in record:
+            raise KeyError(f"best_metric {self.args.best_metric!r}: the evaluation gave only "
+                           f"{sorted(k[5:] for k in record if k.startswith('eval_'))}")
+        value = record[key]
+        if not math.isfinite(value):
+            return self.best is None
+        if self.best is None or not math.isfinite(self.best[key]):
+            return True
+        return value > self.best[key] if self.args.greater_is_better else value < self.best[key]
+
     def _run_eval(self, elapsed: float) -> dict[str, float]:
         results = self.evaluate()
         if results:
-            record = {"step": self.step, **results, "elapsed": elapsed}
+            record = {"step": self.step, "epoch": self._epochs_done(), **results, "elapsed": elapsed}
             if self.summarize_fn:
                 record.update(self.summarize_fn(record))
+            if self.args.best_metric:
+                record["is_best"] = self._is_better(record)
+                if record["is_best"]:
+                    self.best = record
+                    if self.on_best is not None:
+                        model = self.final_model()
+                        if self.context.is_main:
+                            self.on_best(model, record)
+                        self.context.barrier()
             self._write_log(record)
             if self.context.is_main:
                 logger.info("step %d: %s", self.step, ", ".join(f"{k}={v:.4g}" for k, v in results.items()))
         return results
+
+    def _epochs_done(self) -> float:
+        """Passes over the current phase's data so far, as a fraction: 1.0 at the end of the first epoch."""
+        plan = self.plans[min(self.position.phase, len(self.plans) - 1)]
+        return round(self.position.epoch + self.position.step_in_epoch / plan.steps_per_epoch, 4)
 
     def state_dict(self) -> dict[str, Any]:
         """The full training state (gathered to every process; only the main one writes it)."""
@@ -557,6 +627,8 @@ class Trainer:
             "rng": self.context.all_gather_object(ckpt.rng_state()),
             "world_size": self.context.world_size,
             "log_window": self.window.state(),
+            "best": self.best,
+            "train_seconds": self.train_seconds + self.run_seconds,
             "config": config.to_dict() if hasattr(config, "to_dict") else None,
             "args": {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in dataclasses.asdict(self.args).items()},
             **self.checkpoint_extra,
@@ -615,6 +687,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.position = DataPosition(**state["data_position"])
+        self.best = state.get("best")
+        self.train_seconds, self.run_seconds = float(state.get("train_seconds", 0.0)), 0.0
         self.window = _Window()
         if self.context.world_size == state.get("world_size", 1):
             self.window.load(state.get("log_window", {}))
@@ -641,8 +715,21 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
 
+    def _budget_spent(self) -> bool:
+        """Whether max_minutes is used up (any process past it stops them all, at the same step)."""
+        if self.args.max_minutes is None:
+            return False
+        spent = torch.tensor(int(self.train_seconds + self.run_seconds >= 60 * self.args.max_minutes),
+                             device=self.device)
+        return bool(self.context.all_reduce_max(spent)) if self.context.is_distributed else bool(spent)
+
     def train(self, resume_from: str | os.PathLike | None = None, stop_at_step: int | None = None) -> TrainResult:
-        """Train to the last step (or `stop_at_step`), resuming from a checkpoint file or directory if given."""
+        """Train to the last step (or `stop_at_step`), resuming from a checkpoint file or directory if given.
+
+        With `max_minutes`, training stops at the first step that ends past the budget and finishes as at the
+        last step: a log line, the final evaluation and the final checkpoint (a resumed run counts the time
+        of the earlier runs). Evaluation and saving do not count against the budget.
+        """
         args, context = self.args, self.context
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if resume_from is not None:
@@ -664,34 +751,47 @@ class Trainer:
         self.module.train()
         started = time.perf_counter()
         window_start, paused, tokens = started, 0.0, 0.0  # eval and saving do not count in the throughput
-        eval_results = None
+        eval_results, budget_spent, paused_total = None, False, 0.0
         try:
             steps = self._steps()
             while self.step < end:
                 self.position, micro_batches = next(steps)
                 tokens += self.train_step(micro_batches)
                 bar.update(1)
-                at_end = self.step == end
+                self.run_seconds = time.perf_counter() - started - paused_total
+                budget_spent = self._budget_spent()
+                at_end = self.step == end or budget_spent
+                finished = self.step == self.total_steps or budget_spent
                 if self.step % args.log_every == 0 or at_end:
                     self._check_finite()
                     now = time.perf_counter()
                     total_tokens = float(context.all_reduce_sum(torch.tensor(tokens, device=self.device)))
-                    record = self._log(total_tokens, now - started, now - window_start - paused)
+                    record = self._log(total_tokens, self.train_seconds + self.run_seconds, now - window_start - paused)
                     tokens, window_start, paused = 0.0, now, 0.0
                     self._write_log(record)
                     self.last_log = record
                     bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")
                 eval_due = args.eval_every and self.step % args.eval_every == 0
-                if self.eval_dataset is not None and (eval_due or self.step == self.total_steps):
+                epoch_end = args.eval_each_epoch and self.position.step_in_epoch == \
+                    self.plans[self.position.phase].steps_per_epoch
+                has_eval = self.eval_dataset is not None or self.evaluator is not None
+                if has_eval and (eval_due or epoch_end or finished):
                     self._check_finite()
                     pause = time.perf_counter()
-                    eval_results = self._run_eval(pause - started)
+                    eval_results = self._run_eval(self.train_seconds + self.run_seconds)
                     paused += time.perf_counter() - pause
+                    paused_total += time.perf_counter() - pause
                 if (args.save_every and self.step % args.save_every == 0) or (at_end and args.save_final):
                     pause = time.perf_counter()
                     self.save()
                     paused += time.perf_counter() - pause
+                    paused_total += time.perf_counter() - pause
+                if budget_spent:
+                    if context.is_main:
+                        logger.info("the budget of %g minutes is spent: stopped at step %d of %d",
+                                    args.max_minutes, self.step, self.total_steps)
+                    break
             self._check_finite()
         finally:
             bar.close()
-        return TrainResult(self.step, self.last_log, self.last_checkpoint, eval_results)
+        return TrainResult(self.step, self.last_log, self.last_checkpoint, eval_results, self.best, budget_spent)

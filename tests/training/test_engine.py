@@ -221,14 +221,14 @@ def test_processes_read_disjoint_slices_of_each_global_batch(drop_last):
 
 # -- the loop --------------------------------------------------------------------------------------
 
-def _trainer(tmp_path, name, data, **overrides) -> Trainer:
+def _trainer(tmp_path, name, data, evaluator=None, on_best=None, **overrides) -> Trainer:
     config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     step = MaskedLMStep()
     args = dict(output_dir=tmp_path / name, batch_size=8, max_steps=4, lr=1e-3, warmup_steps=1, log_every=1,
                 progress=False, save_final=False)
     args.update(overrides)
     return Trainer(build_model(config, seed=0, nsp=True), TrainingArguments(**args), data, collate, step,
-                   count_fn=step.counts)
+                   count_fn=step.counts, evaluator=evaluator, on_best=on_best)
 
 
 def test_gradient_accumulation_equals_the_full_batch(tmp_path):
@@ -325,3 +325,71 @@ def test_a_single_loss_and_default_count(tmp_path):
     assert set(result.last_log) >= {"step", "loss", "accuracy", "lr", "tokens_per_second", "elapsed"}
     assert set(result.eval) == {"eval_loss", "eval_accuracy"}
     assert math.isclose(result.eval["eval_loss"], result.eval["eval_loss"])  # finite
+
+
+def test_wall_clock_budget_stops_evaluates_and_saves(tmp_path, monkeypatch):
+    """max_minutes: the step that ends past the budget is the last; it logs, evaluates and saves as the
+    last step would. A fake clock makes each step take 10 s (a 0.5-minute budget is 3 steps)."""
+    import bertforge.training.loop as loop
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock["t"])
+    step = MaskedLMStep()
+
+    def slow_step(model, batch):
+        clock["t"] += 10.0
+        return step(model, batch)
+
+    data = SyntheticPretrainingData(64)
+    trainer = _trainer(tmp_path, "run", data, max_steps=8, max_minutes=0.5, save_final=True, log_every=100)
+    trainer.step_fn, trainer.eval_dataset, trainer.eval_fn = slow_step, SyntheticPretrainingData(8), step.eval
+    result = trainer.train()
+    assert result.step == 3 and result.budget_spent
+    assert result.last_log["step"] == 3 and "eval_mlm_loss" in result.eval
+    state, _ = load_checkpoint(tmp_path / "run" / "checkpoints")
+    assert state["step"] == 3 and state["train_seconds"] == pytest.approx(30.0)
+    # A resumed run counts the time already spent: the budget is gone after one more step.
+    resumed = _trainer(tmp_path, "run", data, max_steps=8, max_minutes=0.6, save_final=True)
+    resumed.step_fn = slow_step
+    result = resumed.train(resume_from=tmp_path / "run" / "checkpoints")
+    assert result.step == 4 and result.budget_spent
+
+
+def test_evaluator_each_epoch_keeps_the_best(tmp_path):
+    """Whole-set evaluation at each epoch's end (and every N steps); on_best sees each new best model."""
+    data = SyntheticPretrainingData(16)  # 2 steps an epoch at batch 8
+    scores = iter([0.5, 0.9, 0.7, 0.8])
+    seen = []
+
+    def evaluator(model):
+        assert not model.training and not torch.is_grad_enabled()
+        return {"accuracy": next(scores)}
+
+    trainer = _trainer(tmp_path, "run", data, max_steps=8, eval_each_epoch=True, best_metric="accuracy",
+                       evaluator=evaluator, on_best=lambda model, record: seen.append((record["step"], record["epoch"])))
+    result = trainer.train()
+    assert seen == [(2, 1.0), (4, 2.0)]
+    assert result.best["eval_accuracy"] == 0.9 and result.best["step"] == 4
+    evals = [r for r in map(__import__("json").loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())
+             if "eval_accuracy" in r]
+    assert [r["is_best"] for r in evals] == [True, True, False, False]
+    with pytest.raises(ValueError, match="best_metric"):
+        _trainer(tmp_path, "bad", data, best_metric="accuracy")
+
+
+def test_order_fn_sets_each_epochs_order(tmp_path):
+    data = SyntheticPretrainingData(16)
+    orders = {}
+
+    def order_fn(seed, epoch):
+        orders[epoch] = list(range(16)) if epoch == 0 else list(reversed(range(16)))
+        return orders[epoch]
+
+    from bertforge.training import Phase
+
+    step = MaskedLMStep()
+    trainer = Trainer(build_model(tiny_config(), seed=0, nsp=True), TrainingArguments(
+        tmp_path / "run", batch_size=8, max_steps=4, progress=False, save_final=False),
+        collate=collate, step_fn=step, phases=[Phase(data, order_fn=order_fn)], count_fn=step.counts)
+    trainer.train()
+    assert data.read == list(range(16)) + list(reversed(range(16)))

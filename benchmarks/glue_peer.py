@@ -1,0 +1,124 @@
+"""The peer's GLUE fine-tuning: transformers' `Trainer` + `AutoModelForSequenceClassification`.
+
+Same checkpoint, data (read by bertforge's GLUE reader, so both see the same examples), sequence
+length, hyperparameters and seeds as `bertforge finetune glue`: batch 32, AdamW (ε 1e-6, weight
+decay 0.01), linear warm-up over 10% of the steps then linear decay, clipping at 1.0, evaluation at
+each epoch's end, the best epoch's dev metric reported (bertforge keeps its best epoch's model too).
+Inputs are padded to `--max-seq-length`, as the peer's `run_glue.py` does by default.
+
+    python benchmarks/glue_peer.py --task mrpc --model DIR --data-dir ../shared/data/glue --seeds 42,43,44
+
+Prints ONE JSON line: per seed the best epoch's metrics and the wall time, and mean/std/min/max.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def run_seed(args, seed: int) -> dict:
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+
+    from bertforge.metrics.glue import glue_metrics, main_metric
+    from bertforge.tasks.glue import get_task, read_glue_examples
+
+    spec = get_task(args.task)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    labels = spec.label_list
+    label_map = None if labels is None else {label: i for i, label in enumerate(labels)}
+
+    class Dataset(torch.utils.data.Dataset):
+        def __init__(self, examples):
+            pairs = examples[0].text_b is not None
+            encoded = tokenizer([e.text_a for e in examples], [e.text_b for e in examples] if pairs else None,
+                                truncation=True, max_length=args.max_seq_length,
+                                padding="max_length" if not args.dynamic_padding else False,
+                                return_token_type_ids=True)
+            self.rows = [{k: encoded[k][i] for k in encoded} for i in range(len(examples))]
+            for row, example in zip(self.rows, examples):
+                row["labels"] = float(example.label) if label_map is None else label_map[example.label]
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return self.rows[i]
+
+    train = Dataset(read_glue_examples(spec, args.data_dir, "train")[:args.max_train_examples])
+    dev_split = spec.dev_splits[0]
+    dev = Dataset(read_glue_examples(spec, args.data_dir, dev_split))
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.model, num_labels=spec.num_labels,
+        problem_type="regression" if labels is None else "single_label_classification")
+
+    def compute_metrics(prediction):
+        logits = prediction.predictions
+        predicted = logits[:, 0] if labels is None else np.argmax(logits, -1)
+        return glue_metrics(spec.split(dev_split).metrics_task, predicted, prediction.label_ids)
+
+    output_dir = Path(args.output_dir) / f"seed{seed}"
+    training_args = TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128,
+        learning_rate=args.lr, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01,  # a float: a ratio
+        adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear", seed=seed, eval_strategy="epoch",
+        save_strategy="no", logging_steps=50, report_to="none", use_cpu=True, dataloader_num_workers=0,
+        disable_tqdm=True)
+    trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=dev,
+                      compute_metrics=compute_metrics,
+                      data_collator=transformers.DataCollatorWithPadding(tokenizer) if args.dynamic_padding else None)
+    started = time.perf_counter()
+    trainer.train()
+    wall = time.perf_counter() - started
+    evals = [{k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")} | {"epoch": record["epoch"]}
+             for record in trainer.state.log_history if f"eval_{main_metric(spec.name)}" in record]
+    best = max(evals, key=lambda r: r[main_metric(spec.name)])
+    names = [m for m in best if m not in ("epoch", "loss", "runtime", "samples_per_second", "steps_per_second")]
+    return {"seed": seed, "metrics": {m: best[m] for m in names}, "epoch": best["epoch"], "wall_seconds": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--output-dir", default="/tmp/glue_peer")
+    parser.add_argument("--seeds", default="42", help="comma-separated")
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--max-train-examples", type=int)
+    parser.add_argument("--dynamic-padding", action="store_true", help="pad per batch (not the peer's default)")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    import torch
+    import transformers
+
+    from bertforge.training.finetune import describe
+
+    torch.set_num_threads(args.threads)
+    transformers.logging.set_verbosity_error()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    runs = [run_seed(args, int(seed)) for seed in args.seeds.split(",")]
+    names = sorted(set.intersection(*(set(r["metrics"]) for r in runs)))
+    print(json.dumps({"benchmark": "glue_peer", "framework": "transformers " + transformers.__version__,
+                      "task": args.task, "lr": args.lr, "epochs": args.epochs, "batch_size": args.batch_size,
+                      "max_seq_length": args.max_seq_length, "threads": args.threads,
+                      "padding": "batch" if args.dynamic_padding else "max_length",
+                      "summary": {n: describe([r["metrics"][n] for r in runs]) for n in names}, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""ONNX export of a pipeline's graph, the parity check after it, and running it on onnxruntime.
+
+The exported function is the pipeline's own graph (`Pipeline.build_graph`), so `backend="onnx"`
+computes what `backend="torch"` does: fill-mask takes a fourth input `masked_positions` (B, P) and
+gives (B, P, V) logits; classify (B, K); tag (B, S, K); answer start and end logits (B, S); embed
+every layer's hidden states (B, L, S, H). Batch and sequence axes are dynamic.
+
+Why the TorchScript-based exporter (`dynamo=False`) and not torch.export: the encoder decides on
+the data whether a mask is needed at all (`attention_mask.all()`), which torch.export refuses as a
+data-dependent branch. Tracing with a padded sample records the masked path, which is exact for
+every input (an all-ones mask masks nothing). The export runs with autograd enabled so that the
+encoder takes its plain path: its inference fast paths (the fused QKV weight viewed in place, buffers
+reused across layers, keys cut to the batch's last real token) would be traced as constants.
+
+Needs the `onnx` extra: `pip install 'bertforge[onnx]'` (onnx, onnxruntime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from .pipelines import Batch, Pipeline
+
+logger = logging.getLogger("bertforge")
+
+DEFAULT_OPSET = 17  # LayerNormalization is a single op from 17 on
+DEFAULT_ATOL = 1e-4
+_TASK_KEY = "bertforge_task"
+
+
+class OnnxParityError(RuntimeError):
+    """onnxruntime's outputs differ from PyTorch's by more than the tolerance."""
+
+
+@dataclass
+class ExportReport:
+    path: Path | None
+    task: str
+    max_abs_diff: float | None  # None when the check was skipped
+    batches_checked: int
+    opset: int
+
+
+def _require(module: str):
+    try:
+        return __import__(module)
+    except ImportError:
+        raise ModuleNotFoundError(f"{module} is not installed: pip install 'bertforge[onnx]' "
+                                  "(onnx and onnxruntime)") from None
+
+
+@contextlib.contextmanager
+def _plain_path(model: nn.Module) -> Iterator[None]:
+    """Autograd on and every parameter requiring grad, restored afterwards: the encoder's plain,
+    traceable path (see the module docstring)."""
+    frozen = [p for p in model.parameters() if not p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(True)
+    try:
+        with torch.enable_grad():
+            yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(False)
+
+
+def _export_to(pipe: "Pipeline", model: nn.Module, target, opset: int) -> None:
+    graph = pipe.build_graph(model).cpu().eval()
+    sample = pipe.sample_batch()
+    inputs = tuple(torch.from_numpy(sample[name]) for name in pipe.input_names)
+    dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in pipe.input_names}
+    dynamic_axes.update({name: {0: "batch", 1: "masks"} for name in pipe.extra_input_names})
+    dynamic_axes.update(pipe.output_axes)
+    training = model.training
+    with _plain_path(graph), warnings.catch_warnings():
+        # Tracing warns about every Python-level branch on a tensor (all recorded as intended, see
+        # the module docstring) and the exporter about its own deprecation.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(graph, inputs, target, input_names=list(pipe.input_names),
+                          output_names=list(pipe.output_names), dynamic_axes=dynamic_axes, opset_version=opset,
+                          do_constant_folding=True, dynamo=False)
+    model.train(training)
+
+
+def _with_metadata(data: bytes, task: str) -> bytes:
+    onnx = _require("onnx")
+    proto = onnx.load_from_string(data)
+    entry = proto.metadata_props.add()
+    entry.key, entry.value = _TASK_KEY, task
+    proto.producer_name = "bertforge"
+    return proto.SerializeToString()
+
+
+def export_onnx_bytes(pipe: "Pipeline", model: nn.Module, opset: int = DEFAULT_OPSET) -> bytes:
+    """The ONNX model of `pipe`'s task graph around `model`, as bytes (no file written)."""
+    _require("onnx")
+    buffer = io.BytesIO()
+    _export_to(pipe, model, buffer, opset)
+    return _with_metadata(buffer.getvalue(), pipe.task)
+
+
+class OnnxRunner:
+    """Runs an exported pipeline graph on onnxruntime: int64 arrays in, float32 arrays out."""
+
+    def __init__(self, model: str | os.PathLike | bytes, input_names: Sequence[str], output_names: Sequence[str],
+                 device: str = "cpu", task: str | None = None):
+        ort = _require("onnxruntime")
+        options = ort.SessionOptions()
+        # The same thread count as torch: comparable speed, and OMP_NUM_THREADS/torch.set_num_threads apply.
+        options.intra_op_num_threads = torch.get_num_threads()
+        providers = ["CPUExecutionProvider"]
+        if str(device).startswith("cuda"):
+            if "CUDAExecutionProvider" in ort.get_available_providers():
+                index = str(device).partition(":")[2] or "0"
+                providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(index)}))
+            else:
+                logger.warning("onnxruntime has no CUDA provider here (install onnxruntime-gpu); running on CPU")
+        source = model if isinstance(model, bytes) else str(model)
+        if not isinstance(model, bytes) and not Path(model).is_file():
+            raise FileNotFoundError(f"ONNX model not found: {model}")
+        self.session = ort.InferenceSession(source, options, providers=providers)
+        stored = self.session.get_modelmeta().custom_metadata_map.get(_TASK_KEY)
+        if task is not None and stored is not None and stored != task:
+            raise ValueError(f"{model if not isinstance(model, bytes) else 'the ONNX model'} was exported for "
+                             f"the {stored!r} pipeline, not {task!r}")
+        names = {i.name for i in self.session.get_inputs()}
+        missing = [name for name in input_names if name not in names]
+        if missing:
+            raise ValueError(f"the ONNX model lacks the input(s) {', '.join(missing)}: was it exported by bertforge "
+                             "for this task?")
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+
+    def __call__(self, batch: "Batch") -> dict[str, np.ndarray]:
+        feeds = {name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in self.input_names}
+        outputs = self.session.run(list(self.output_names), feeds)
+        return {name: np.asarray(value, dtype=np.float32) for name, value in zip(self.output_names, outputs)}
+
+
+def onnx_runner(model: str | os.PathLike | bytes, pipe: "Pipeline", device: str = "cpu") -> OnnxRunner:
+    return OnnxRunner(model, pipe.input_names, pipe.output_names, device, task=pipe.task)
+
+
+def parity(pipe: "Pipeline", reference, candidate, batches: Sequence["Batch"] | None = None) -> tuple[float, int]:
+    """The largest |reference - candidate| over every output of the given batches (default: three
+    random batches of different shapes, with padding), and how many batches were compared."""
+    if batches is None:
+        batches = [pipe.sample_batch(3, 13, seed=1), pipe.sample_batch(5, 40, seed=2),
+                   pipe.sample_batch(1, min(pipe.max_length, 128), seed=3)]
+    worst = 0.0
+    for batch in batches:
+        expected, actual = reference(batch), candidate(batch)
+        for name in pipe.output_names:
+            if expected[name].shape != actual[name].shape:
+                raise OnnxParityError(f"{name}: shape {actual[name].shape} from onnxruntime, "
+                                      f"{expected[name].shape} from PyTorch")
+            worst = max(worst, float(np.abs(expected[name] - actual[name]).max(initial=0.0)))
+    return worst, len(batches)
+
+
+def check_parity(pipe: "Pipeline", data: bytes, atol: float = DEFAULT_ATOL, what: str = "the model") -> tuple[float, int]:
+    """Compare `pipe`'s PyTorch runner with onnxruntime on `data`; OnnxParityError past `atol`."""
+    worst, count = parity(pipe, pipe.runner, onnx_runner(data, pipe))
+    if not worst <= atol:  # also catches NaN
+        raise OnnxParityError(f"ONNX export of {what} ({pipe.task}) differs from PyTorch by {worst:.3g} > {atol:g}")
+    return worst, count
+
+
+def export_onnx(model_dir: str | os.PathLike, output: str | os.PathLike | None, task: str | None = None,
+                opset: int = DEFAULT_OPSET, check: bool = True, atol: float = DEFAULT_ATOL) -> ExportReport:
+    """Export the `task` pipeline of a checkpoint to `output` and check it against PyTorch.
+
+    task: default from config.json's `architectures` (see `task_for_checkpoint`). The check runs
+    both backends on random padded batches of three shapes (so the dynamic axes are exercised) and
+    raises OnnxParityError, writing no file, when the largest difference exceeds `atol`.
+    """
+    from .pipelines import PIPELINES, resolve_task, task_for_checkpoint
+
+    task = resolve_task(task or task_for_checkpoint(model_dir))
+    cls = PIPELINES[task]
+    pipe = cls(model_dir, backend="torch", device="cpu")
+    model = pipe.runner.graph.model
+    data = export_onnx_bytes(pipe, model, opset)
+    worst, count = None, 0
+    if check:
+        worst, count = check_parity(pipe, data, atol, str(model_dir))
+    path = None
+    if output is not None:
+        path = Path(output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)
+    return ExportReport(path, task, worst, count, opset)
+
+
+__all__ = ["DEFAULT_ATOL", "DEFAULT_OPSET", "ExportReport", "OnnxParityError", "OnnxRunner", "export_onnx",
+           "export_onnx_bytes", "check_parity", "onnx_runner", "parity"]

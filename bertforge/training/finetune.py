@@ -1,0 +1,221 @@
+"""Fine-tuning (§3.2, Appendix A.3): the recipe every task shares, on the shared `Trainer`.
+
+A task module (`bertforge.tasks.*`) describes its task as a `FinetuneTask`: the training features and
+how to batch them, a `build_model` that puts the task's output layer on the pre-trained encoder, the
+loss of a batch (`step_fn`), and `evaluate(model) -> (metrics, predictions)` over its dev set. This
+module does the rest, identically for every task:
+
+* the paper's optimiser: AdamW, linear warm-up over `warmup_ratio` of the steps then linear decay,
+  weight decay except LayerNorm and biases, global-norm clipping; `precision`, accumulation, DDP,
+  exact resume and the wall-clock budget come from the Trainer;
+* dynamic padding with length-grouped batches (`FinetuneTask.lengths`): a batch is padded to its own
+  longest row and holds rows of similar length, so almost no compute goes to padding;
+* evaluation every `eval_every` steps and at the end of each epoch; the best model by the task's
+  main dev metric is kept in OUT (`config.json`, `model.safetensors`, `vocab.txt`, loadable with
+  `from_pretrained` here and in Hugging Face transformers) with `eval_results.json`
+  (`{"task", "metrics", "epoch", "step"}`, metrics as fractions) and the per-example dev predictions;
+* `finetune_grid` runs the paper's learning-rate grid and repeats seeds, keeping the best run on dev
+  and writing mean, std, min and max of every metric to OUT/summary.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from .checkpoint import atomic_write, latest_checkpoint
+from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer, TrainingArguments
+
+logger = logging.getLogger("bertforge")
+
+EVAL_RESULTS = "eval_results.json"
+SUMMARY = "summary.json"
+PAPER_LR_GRID = (5e-5, 4e-5, 3e-5, 2e-5)  # Appendix A.3 (with batch 16 or 32 and 2-4 epochs)
+
+
+@dataclass
+class FinetuneArguments:
+    """The flags every fine-tuning task shares. Defaults are the paper's GLUE recipe (§4.1, A.3)."""
+
+    output_dir: str | os.PathLike
+    lr: float = 2e-5
+    epochs: float = 3.0
+    batch_size: int = 32
+    grad_accum: int = 1
+    max_steps: int | None = None  # instead of epochs
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
+    precision: str = "fp32"
+    seed: int = 42
+    eval_every: int | None = None  # also evaluate every N steps (always at each epoch's end)
+    eval_batch_size: int = 128
+    log_every: int = 10
+    save_every: int | None = None  # training checkpoints for --resume (the best model is kept regardless)
+    keep_last: int | None = 1
+    resume: bool = False  # continue OUT's run from its latest checkpoint (a grid: skip the finished runs)
+    max_minutes: float | None = None
+    group_by_length: bool = True
+    num_threads: int | None = None
+    device: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class FinetuneTask:
+    """What a task supplies; see the module docstring."""
+
+    name: str  # recorded in eval_results.json and the model's config ("mrpc", "classify", ...)
+    build_model: Callable[[], nn.Module]  # the pre-trained encoder with a new head (called after seeding)
+    tokenizer: Any  # saved with the model
+    train_features: Sequence[dict]
+    collate: Callable[[list], Batch]
+    step_fn: StepFn
+    evaluate: Callable[[nn.Module], tuple[dict[str, float], Any]]  # dev metrics (fractions) and predictions
+    main_metric: str
+    greater_is_better: bool = True
+    write_predictions: Callable[[Path, Any], None] | None = None  # per-example dev predictions into OUT
+    lengths: Sequence[int] | None = None  # tokens per training feature, for length-grouped batches
+    count_fn: CountFn | None = None  # e.g. labelled tokens for a token-level loss
+    extra_files: Callable[[Path], None] | None = None  # anything else the task keeps with the model
+
+
+def _json_dump(path: Path, value: Any) -> None:
+    text = json.dumps(value, indent=2, ensure_ascii=False, allow_nan=True) + "\n"
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
+    """Fine-tune once; returns the best evaluation as written to OUT/eval_results.json."""
+    from ..tasks.classification import length_grouped_order  # the data-order helper every task can use
+
+    output_dir = Path(args.output_dir)
+    if not args.resume and (latest_checkpoint(output_dir / CHECKPOINT_DIR) or (output_dir / LOG_NAME).exists()):
+        raise ValueError(f"{output_dir} already holds a run: pass --resume to continue it, or another --output-dir")
+    torch.manual_seed(args.seed)  # the new head's initial weights depend on the seed, as in the paper's restarts
+    model = task.build_model()
+    order_fn = None
+    if args.group_by_length and task.lengths is not None:
+        lengths = list(task.lengths)
+
+        def order_fn(seed: int, epoch: int) -> list[int]:
+            return length_grouped_order(lengths, args.batch_size, seed, epoch)
+
+    training = TrainingArguments(
+        output_dir=output_dir, batch_size=args.batch_size, grad_accum=args.grad_accum, epochs=args.epochs,
+        max_steps=args.max_steps, lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
+        precision=args.precision, max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every,
+        save_every=args.save_every, keep_last=args.keep_last, eval_every=args.eval_every,
+        eval_batch_size=args.eval_batch_size, drop_last=False, num_threads=args.num_threads, device=args.device,
+        progress=args.progress, save_final=bool(args.save_every), max_minutes=args.max_minutes,
+        eval_each_epoch=True, best_metric=task.main_metric, greater_is_better=task.greater_is_better)
+    latest: dict[str, Any] = {}
+
+    def evaluator(module: nn.Module) -> dict[str, float]:
+        metrics, latest["predictions"] = task.evaluate(module)
+        return metrics
+
+    def on_best(module: nn.Module, record: dict[str, Any]) -> None:
+        module.save_pretrained(output_dir)
+        task.tokenizer.save_pretrained(output_dir)
+        if task.extra_files is not None:
+            task.extra_files(output_dir)
+        if task.write_predictions is not None:
+            task.write_predictions(output_dir, latest["predictions"])
+        _json_dump(output_dir / EVAL_RESULTS, _eval_results(task.name, record))
+
+    trainer = Trainer(model, training, collate=task.collate, step_fn=task.step_fn,
+                      phases=[Phase(task.train_features, order_fn=order_fn)], count_fn=task.count_fn,
+                      evaluator=evaluator, on_best=on_best,
+                      checkpoint_extra={"finetuning": {"task": task.name}})
+    resume = latest_checkpoint(output_dir / CHECKPOINT_DIR) if args.resume else None
+    result = trainer.train(resume_from=resume)
+    if trainer.context.is_main:
+        best = json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
+        best["budget_spent"] = result.budget_spent
+        _json_dump(output_dir / EVAL_RESULTS, best)
+    trainer.context.barrier()
+    return json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
+
+
+def _eval_results(task: str, record: dict[str, Any]) -> dict[str, Any]:
+    metrics = {k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")}
+    return {"task": task, "metrics": metrics, "epoch": record.get("epoch"), "step": record["step"]}
+
+
+# -- learning-rate grid and seeds ------------------------------------------------------------------
+
+def describe(values: Sequence[float]) -> dict[str, float]:
+    """mean, std (sample, ddof=1; 0 for one run), min, max and n of one metric over runs."""
+    array = np.asarray(values, dtype=np.float64)
+    return {"mean": float(array.mean()), "std": float(array.std(ddof=1)) if len(array) > 1 else 0.0,
+            "min": float(array.min()), "max": float(array.max()), "n": int(len(array))}
+
+
+def _run_name(lr: float, seed: int) -> str:
+    return f"lr{lr:g}-seed{seed}"
+
+
+def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[float] | None = None,
+                  seeds: Sequence[int] | None = None) -> dict[str, Any]:
+    """Every (learning rate, seed) into OUT/lr{lr}-seed{seed}/; the learning rate with the best mean main
+    dev metric wins, and its best seed's model is copied into OUT itself (so OUT is usable as a model
+    directory). OUT/summary.json holds every run and mean/std/min/max of every metric per learning rate.
+
+    One learning rate and one seed is a plain `finetune` into OUT. With `args.resume`, finished runs
+    (those with an eval_results.json and no checkpoint left to resume) are read back, not redone.
+    """
+    lrs = list(lrs or [args.lr])
+    seeds = list(seeds or [args.seed])
+    if len(lrs) == 1 and len(seeds) == 1:
+        return finetune(task, dataclasses.replace(args, lr=lrs[0], seed=seeds[0]))
+    output_dir = Path(args.output_dir)
+    runs = []
+    for lr in lrs:
+        for seed in seeds:
+            run_dir = output_dir / _run_name(lr, seed)
+            done = (run_dir / EVAL_RESULTS).is_file() and (run_dir / LOG_NAME).is_file() and \
+                json.loads((run_dir / EVAL_RESULTS).read_text()).get("budget_spent") is not None
+            if args.resume and done:
+                results = json.loads((run_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
+                logger.info("%s: finished earlier, read back", run_dir)
+            else:
+                logger.info("fine-tuning %s with lr %g, seed %d", task.name, lr, seed)
+                results = finetune(task, dataclasses.replace(args, output_dir=run_dir, lr=lr, seed=seed))
+            runs.append({"lr": lr, "seed": seed, "dir": str(run_dir), **results})
+    main = task.main_metric
+    sign = 1.0 if task.greater_is_better else -1.0
+    by_lr = {}
+    for lr in lrs:
+        chosen = [r for r in runs if r["lr"] == lr]
+        names = sorted(set.intersection(*(set(r["metrics"]) for r in chosen)))
+        by_lr[f"{lr:g}"] = {name: describe([r["metrics"][name] for r in chosen]) for name in names}
+
+    def score(value: float) -> float:
+        return sign * value if math.isfinite(value) else -math.inf
+
+    best_lr = max(lrs, key=lambda lr: score(by_lr[f"{lr:g}"][main]["mean"]))
+    best_run = max((r for r in runs if r["lr"] == best_lr), key=lambda r: score(r["metrics"][main]))
+    summary = {"task": task.name, "main_metric": main, "lr_grid": lrs, "seeds": seeds, "best_lr": best_lr,
+               "metrics": by_lr[f"{best_lr:g}"], "best_run": best_run, "by_lr": by_lr, "runs": runs}
+    _copy_model(Path(best_run["dir"]), output_dir)
+    _json_dump(output_dir / SUMMARY, summary)
+    return summary
+
+
+def _copy_model(source: Path, target: Path) -> None:
+    """The files of a finished run (model, tokenizer, eval results, predictions), not its checkpoints or log."""
+    for path in source.iterdir():
+        if path.is_file() and path.name != LOG_NAME:
+            shutil.copy2(path, target / path.name)

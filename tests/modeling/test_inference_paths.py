@@ -1,0 +1,342 @@
+"""bertforge's inference options against its exact path: unpadded execution, bf16, int8, compile.
+
+Unpadded (`unpad=True`): the real tokens of a padded batch are computed as one packed sequence and
+scattered back. Its outputs must equal the padded path's to 1e-5 (absolute, fp32) at real
+positions, on the real all-MiniLM-L6-v2 checkpoint and real GLUE sentences in file order (mixed
+lengths in every batch), for BertModel and every head. bf16 and int8 are approximations: they are
+checked to run through the same calls and to stay close, with the tolerances stated at each test
+(measured on all-MiniLM-L6-v2, SST-2 dev sentences).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertforge.modeling import (
+    BertConfig,
+    BertForMaskedLM,
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+    BertModel,
+    Int8Linear,
+    optimize_for_inference,
+)
+from bertforge.modeling.bert import Packing
+from bertforge.modeling.inference import cpu_has_vnni
+
+TOL = 1e-5
+BATCH = 32
+MAX_LENGTH = 128
+
+
+def read_tsv(path) -> list[list[str]]:
+    """GLUE's TSVs: tab-separated, one header line, no quoting."""
+    lines = path.read_text(encoding="utf-8-sig").splitlines()
+    return [line.split("\t") for line in lines[1:] if line.strip()]
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return (a.float() - b.float()).abs().max().item() if a.numel() else 0.0
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_dir):
+    return BertModel.from_pretrained(minilm_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def real_batches(glue_dir, minilm_tokenizer) -> list[dict[str, torch.Tensor]]:
+    """Batches of 32 in file order: SST-2 dev sentences, MRPC dev pairs, RTE dev pairs (long: some
+    are truncated to 128 tokens). Each batch is padded to its longest row."""
+    sst2 = [row[0] for row in read_tsv(glue_dir / "SST-2" / "dev.tsv")[:2 * BATCH]]
+    mrpc = [(row[3], row[4]) for row in read_tsv(glue_dir / "MRPC" / "dev.tsv")[:2 * BATCH]]
+    rte = [(row[1], row[2]) for row in read_tsv(glue_dir / "RTE" / "dev.tsv")[:BATCH]]
+    batches = []
+    for start in range(0, len(sst2), BATCH):
+        batches.append(minilm_tokenizer.encode_batch(sst2[start:start + BATCH], max_length=MAX_LENGTH,
+                                                     padding="longest", return_tensors="pt"))
+    for pairs in (mrpc, rte):
+        for start in range(0, len(pairs), BATCH):
+            chunk = pairs[start:start + BATCH]
+            batches.append(minilm_tokenizer.encode_batch([a for a, _ in chunk], [b for _, b in chunk],
+                                                         max_length=MAX_LENGTH, padding="longest",
+                                                         return_tensors="pt"))
+    return batches
+
+
+def sentence_vectors(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the real tokens (the sentence embedding all-MiniLM-L6-v2 is trained for): (B, H)."""
+    mask = mask[..., None].float()
+    return (hidden.float() * mask).sum(1) / mask.sum(1)
+
+
+# ------------------------------------------------------------------------------------ unpadded
+
+
+@torch.inference_mode()
+def test_unpadded_matches_padded_on_real_batches(minilm, real_batches):
+    worst = {"last": 0.0, "pooled": 0.0, "layers": 0.0}
+    padded_rows = 0
+    for batch in real_batches:
+        mask = batch["attention_mask"].bool()
+        lengths = mask.sum(1)
+        assert lengths.min() < lengths.max()  # every batch mixes lengths
+        padded_rows += int((~mask).sum())
+        padded = minilm(**batch, output_hidden_states=True)
+        unpadded = minilm(**batch, output_hidden_states=True, unpad=True)
+        worst["last"] = max(worst["last"], max_diff(unpadded.last_hidden_state[mask], padded.last_hidden_state[mask]))
+        worst["pooled"] = max(worst["pooled"], max_diff(unpadded.pooler_output, padded.pooler_output))
+        assert len(unpadded.hidden_states) == len(padded.hidden_states)
+        for a, b in zip(unpadded.hidden_states, padded.hidden_states):
+            worst["layers"] = max(worst["layers"], max_diff(a[mask], b[mask]))
+            assert not a[~mask].any()  # padding positions hold zeros
+        assert torch.equal(unpadded.hidden_states[0][mask], padded.hidden_states[0][mask])  # embeddings: same ops
+        assert unpadded.hidden_states[-1] is unpadded.last_hidden_state
+    assert padded_rows > 0
+    assert max(worst.values()) <= TOL, worst
+
+
+@torch.inference_mode()
+def test_model_attribute_switches_the_default(minilm_dir, real_batches):
+    model = BertModel.from_pretrained(minilm_dir).eval()
+    batch = real_batches[0]
+    padded = model(**batch).last_hidden_state
+    model.unpad = True
+    unpadded = model(**batch).last_hidden_state
+    assert not unpadded[~batch["attention_mask"].bool()].any()  # the unpadded path ran (zeros at padding)
+    assert torch.equal(model(**batch, unpad=False).last_hidden_state, padded)  # the argument wins
+
+
+MINILM_HEADS = ((BertForSequenceClassification, {"num_labels": 3}), (BertForTokenClassification, {"num_labels": 5}),
+                (BertForQuestionAnswering, {}), (BertForMaskedLM, {}))
+TINY_HEADS = ((BertForPreTraining, {}), (BertForMultipleChoice, {}))  # the same encoder calls; ~1.5 s less each
+
+
+def _head_logits(model, batch, **kwargs) -> dict[str, torch.Tensor]:
+    out = model(**batch, **kwargs)
+    if hasattr(out, "start_logits"):
+        return {"start_logits": out.start_logits, "end_logits": out.end_logits}
+    if hasattr(out, "seq_relationship_logits"):
+        return {"prediction_logits": out.prediction_logits, "seq_relationship_logits": out.seq_relationship_logits}
+    return {"logits": out.logits}
+
+
+def assert_heads_agree(model, inputs: dict, mask: torch.Tensor, check_attribute: bool = False) -> None:
+    """The head's logits, unpadded (argument; attribute) against padded, at real positions."""
+    padded = _head_logits(model, inputs)
+    runs = [_head_logits(model, inputs, unpad=True)]
+    if check_attribute:
+        runs.append(_head_logits(optimize_for_inference(model, unpad=True), inputs))
+        assert model.bert.unpad
+    for unpadded in runs:
+        for key, value in padded.items():
+            token_level = value.dim() >= 2 and value.shape[:2] == mask.shape
+            real = (lambda x: x[mask]) if token_level else (lambda x: x)
+            assert max_diff(real(unpadded[key]), real(value)) <= TOL, (type(model).__name__, key)
+
+
+@pytest.mark.parametrize("cls, overrides", MINILM_HEADS, ids=[cls.__name__ for cls, _ in MINILM_HEADS])
+@torch.inference_mode()
+def test_minilm_heads_unpadded_match_padded(minilm_dir, real_batches, cls, overrides):
+    """The MiniLM encoder under each head (head weights newly initialised, seeded), 8 MRPC pairs."""
+    torch.manual_seed(5)
+    model = cls.from_pretrained(minilm_dir, **overrides).eval()
+    batch = {key: value[:8] for key, value in real_batches[2].items()}
+    mask = batch["attention_mask"].bool()
+    assert mask.sum(1).min() < mask.shape[1]
+    assert_heads_agree(model, batch, mask, check_attribute=cls is BertForSequenceClassification)
+
+
+@pytest.mark.parametrize("cls, overrides", TINY_HEADS, ids=[cls.__name__ for cls, _ in TINY_HEADS])
+@torch.inference_mode()
+def test_tiny_heads_unpadded_match_padded(cls, overrides):
+    torch.manual_seed(5)
+    model = cls(BertConfig.preset("tiny", **overrides)).eval()
+    generator = torch.Generator().manual_seed(2)
+    lengths = torch.tensor([11, 4, 16, 9, 7, 16, 3, 12])
+    mask = (torch.arange(16)[None] < lengths[:, None]).long()
+    inputs = {"input_ids": torch.randint(1000, 30000, (8, 16), generator=generator) * mask,
+              "token_type_ids": (torch.arange(16)[None] >= lengths[:, None] // 2).long() * mask,
+              "attention_mask": mask}
+    if cls is BertForMultipleChoice:  # (2 examples, 4 choices, S)
+        inputs = {key: value.view(2, 4, -1) for key, value in inputs.items()}
+    assert_heads_agree(model, inputs, mask.bool())
+
+
+def test_unpadded_handles_left_padding_empty_rows_and_no_padding():
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.preset("tiny")).eval()
+    generator = torch.Generator().manual_seed(1)
+    input_ids = torch.randint(1000, 30000, (4, 10), generator=generator)
+    mask = torch.ones(4, 10, dtype=torch.long)
+    mask[0, 7:] = 0  # right padding
+    mask[1, :3] = 0  # left padding: position ids stay the columns, as in the padded path
+    mask[2, :] = 0  # no real token at all
+    with torch.inference_mode():
+        padded = model(input_ids, attention_mask=mask).last_hidden_state
+        unpadded = model(input_ids, attention_mask=mask, unpad=True).last_hidden_state
+        real = mask.bool()
+        assert max_diff(unpadded[real], padded[real]) <= TOL
+        assert not unpadded[2].any()
+        full = torch.ones_like(mask)  # nothing to remove: the padded path runs, same bits
+        assert torch.equal(model(input_ids, attention_mask=full, unpad=True).last_hidden_state,
+                           model(input_ids, attention_mask=full).last_hidden_state)
+        # Probabilities (B, A, S, S) are asked for: the padded path runs.
+        out = model(input_ids, attention_mask=mask, unpad=True, output_attentions=True)
+        assert len(out.attentions) == model.config.num_hidden_layers
+        expected = model(input_ids, attention_mask=mask, output_attentions=True)
+        assert torch.equal(out.last_hidden_state, expected.last_hidden_state)
+
+
+def test_packing_groups_equal_lengths_in_contiguous_rows():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]])
+    packing = Packing.from_mask(mask)
+    assert packing.num_tokens == 12
+    assert packing.groups == ((0, 1, 2), (2, 2, 3), (8, 1, 4))  # (start, count, length)
+    assert packing.index.tolist() == [4, 5, 0, 1, 2, 8, 9, 10, 12, 13, 14, 15]
+    assert packing.positions.tolist() == [0, 1, 0, 1, 2, 0, 1, 2, 0, 1, 2, 3]
+    values = torch.arange(16.0).view(4, 4, 1)
+    assert torch.equal(packing.unpack(packing.pack(values)), values * mask[..., None])
+
+
+def test_unpadded_causal_and_autograd_match_padded():
+    """A causal config attends within each example up to the query; gradients flow the same way."""
+    torch.manual_seed(0)
+    config = BertConfig.preset("tiny", is_causal=True, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertModel(config)
+    input_ids = torch.randint(1000, 30000, (3, 9))
+    mask = torch.tensor([[1] * 9, [1] * 5 + [0] * 4, [1] * 7 + [0] * 2])
+    real = mask.bool()
+    grads = []
+    for unpad in (False, True):
+        model.zero_grad()
+        out = model(input_ids, attention_mask=mask, unpad=unpad)
+        (out.last_hidden_state[real].pow(2).mean() + out.pooler_output.sum()).backward()
+        grads.append({name: param.grad.clone() for name, param in model.named_parameters()})
+        if unpad:
+            assert max_diff(out.last_hidden_state[real], padded_out[real]) <= TOL
+        padded_out = out.last_hidden_state.detach()
+    for name in grads[0]:
+        assert max_diff(grads[1][name], grads[0][name]) <= TOL, name
+
+
+# ----------------------------------------------------------------------------------- bf16, int8
+
+
+@torch.inference_mode()
+def test_bf16_runs_and_stays_close(minilm_dir, minilm, real_batches):
+    """bf16 (8-bit mantissa): measured max abs diff ~0.05 on hidden states of size up to ~10, and
+    mean-pooled sentence vectors at cosine ≥ 0.9999 to fp32. Checked: ≤ 0.15 and ≥ 0.999."""
+    model = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype="bf16")
+    attention = model.encoder.layer[0].attention.self
+    assert attention._fused("weight").data_ptr() == attention.query.weight.data_ptr()  # still fused in place
+    for batch in real_batches[:2] + real_batches[-1:]:
+        mask = batch["attention_mask"].bool()
+        out = model(**batch)
+        reference = minilm(**batch)
+        assert out.last_hidden_state.dtype == torch.bfloat16
+        assert max_diff(out.last_hidden_state[mask], reference.last_hidden_state[mask]) <= 0.15
+        cosine = F.cosine_similarity(sentence_vectors(out.last_hidden_state, mask),
+                                     sentence_vectors(reference.last_hidden_state, mask))
+        assert cosine.min() >= 0.999, cosine.min()
+
+
+@torch.inference_mode()
+def test_int8_runs_and_stays_close(minilm_dir, minilm, real_batches):
+    """int8 weights (per channel) and activations (per tensor, per call). Measured on SST-2 with 8-bit
+    activations (VNNI CPUs): max abs diff ~0.5, sentence cosine ≥ 0.985; with 7 bits (no VNNI): ~1.0,
+    ≥ 0.94. Checked: cosine ≥ 0.97 (0.9 with 7 bits), and every Linear of the encoder quantized."""
+    model = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype="int8")
+    layer = model.encoder.layer[0]
+    assert isinstance(layer.attention.self.qkv, Int8Linear) and layer.attention.self.query is None
+    assert all(isinstance(module.dense, Int8Linear)
+               for module in (layer.attention.output, layer.intermediate, layer.output, model.pooler))
+    assert not any(type(module) is torch.nn.Linear for module in model.encoder.modules())
+    threshold = 0.97 if cpu_has_vnni() else 0.9
+    for batch in real_batches[:2] + real_batches[-1:]:
+        mask = batch["attention_mask"].bool()
+        reference = sentence_vectors(minilm(**batch).last_hidden_state, mask)
+        for unpad in (True, False):  # both paths run through the quantized layers
+            out = model(**batch, unpad=unpad)
+            assert out.last_hidden_state.dtype == torch.float32
+            cosine = F.cosine_similarity(sentence_vectors(out.last_hidden_state, mask), reference)
+            assert cosine.min() >= threshold, (unpad, cosine.min())
+    with pytest.raises(TypeError, match="float32"):
+        layer.intermediate.dense(torch.zeros(2, 384, dtype=torch.bfloat16))
+
+
+@torch.inference_mode()
+def test_int8_classifier_head(minilm_dir, real_batches):
+    """A head class: only the encoder's layers are quantized; the classifier stays float32."""
+    torch.manual_seed(5)
+    reference = BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=2).eval()
+    torch.manual_seed(5)
+    model = optimize_for_inference(BertForSequenceClassification.from_pretrained(minilm_dir, num_labels=2),
+                                   dtype="int8")
+    assert type(model.classifier) is torch.nn.Linear
+    batch = real_batches[0]
+    logits, expected = model(**batch).logits, reference(**batch).logits
+    assert logits.shape == expected.shape and logits.dtype == torch.float32
+    assert max_diff(logits, expected) <= 0.1  # logits of a fresh head are ~0.1 in size: a loose check
+
+
+# ------------------------------------------------------------------------------------ arguments
+
+
+def test_bad_arguments_say_what_is_wrong():
+    torch.manual_seed(0)
+    model = BertModel(BertConfig.preset("tiny"))
+    ids = torch.randint(1000, 30000, (2, 5))
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        optimize_for_inference(model, dtype="fp64")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        optimize_for_inference(model, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="unpad must be"):
+        optimize_for_inference(model, unpad="yes")
+    with pytest.raises(TypeError, match="compile must be"):
+        optimize_for_inference(model, compile=1)
+    with pytest.raises(TypeError, match="unpad must be"):
+        model(ids, unpad=1)
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model(ids, attention_mask=torch.ones(2, 4, dtype=torch.long), unpad=True)
+    with pytest.raises(TypeError, match="BertModel or a head class"):
+        optimize_for_inference(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="for GPUs"):
+        optimize_for_inference(model, dtype="fp16")
+    with pytest.raises(ValueError, match="not supported with dtype='int8'"):
+        optimize_for_inference(model, dtype="int8", compile=True)
+    optimize_for_inference(model, dtype="int8")
+    optimize_for_inference(model, dtype="int8")  # again: nothing left to do
+    with pytest.raises(ValueError, match="already int8"):
+        optimize_for_inference(model, dtype="bf16")
+    with pytest.raises(ValueError, match="input_ids has 600 tokens"):
+        model(torch.ones(1, 600, dtype=torch.long), attention_mask=torch.ones(1, 600), unpad=True)
+
+
+def test_compile_option_wraps_the_per_token_modules():
+    """compile=True only wraps modules (compilation happens on the first call, which is not timed
+    here: it takes tens of seconds on a small CPU)."""
+    torch.manual_seed(0)
+    model = optimize_for_inference(BertModel(BertConfig.preset("tiny")), compile=True)
+    layer = model.encoder.layer[0]
+    assert all(hasattr(module, "_orig_mod") for module in (layer.intermediate, layer.output, layer.attention.output))
+    assert not model._inference_fast_path(torch.zeros(1, 1, dtype=torch.long))  # no eager workspace under compile
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@torch.inference_mode()
+def test_half_precision_on_gpu(minilm_dir, minilm, real_batches, dtype):
+    model = optimize_for_inference(BertModel.from_pretrained(minilm_dir).cuda(), dtype=dtype)
+    for batch in real_batches[:2]:
+        mask = batch["attention_mask"].bool()
+        out = model(**{key: value.cuda() for key, value in batch.items()}).last_hidden_state.cpu()
+        cosine = F.cosine_similarity(sentence_vectors(out, mask),
+                                     sentence_vectors(minilm(**batch).last_hidden_state, mask))
+        assert cosine.min() >= 0.999

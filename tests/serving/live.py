@@ -1,0 +1,41 @@
+"""A real uvicorn server on a free loopback port, in a thread (tests only)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+class LiveServer:
+    def __init__(self, app, graceful_timeout: float = 10.0):
+        import uvicorn
+
+        with socket.socket() as probe:  # a free port; the tiny race with another process is acceptable here
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.app = app
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=graceful_timeout)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    def __enter__(self) -> "LiveServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

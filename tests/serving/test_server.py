@@ -1,0 +1,180 @@
+"""The HTTP server: endpoints, limits and error codes in-process; micro-batching, graceful shutdown and
+start-up failure against a real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("starlette", reason="the serve extra is not installed (pip install 'bertforge[serve]')")
+pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip install 'bertforge[serve]')")
+httpx = pytest.importorskip("httpx", reason="httpx is needed for the server tests")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from bertforge.serving import pipeline  # noqa: E402
+from bertforge.serving.server import ServerSettings, create_app  # noqa: E402
+
+from .live import LiveServer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pipelines(tiny_dirs):
+    return {task: pipeline(task, model=tiny_dirs[task]) for task in ("fill-mask", "classify", "tag", "answer", "embed")}
+
+
+@pytest.fixture(scope="module")
+def client(pipelines):
+    settings = ServerSettings(max_body_bytes=4096, max_texts=4, max_chars=200, model="tiny")
+    with TestClient(create_app(pipelines, settings)) as client:
+        yield client
+
+
+def test_health_page_and_metrics(client):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and set(health["pipelines"]) == {"fill-mask", "classify", "tag", "answer", "embed"}
+    assert health["pipelines"]["classify"]["labels"] == ["negative", "positive"]
+    assert health["pipelines"]["answer"]["inputs"] == ["questions", "contexts"]
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert "<script" in page.text and "http://" not in page.text and "https://" not in page.text  # self-contained
+    client.post("/v1/classify", json={"texts": ["a good film"]})
+    metrics = client.get("/metrics")
+    assert metrics.headers["content-type"].startswith("text/plain")
+    text = metrics.text
+    assert 'bertforge_requests_total{route="classify",code="200"}' in text
+    assert 'bertforge_request_duration_seconds_bucket{route="classify",le="+Inf"}' in text
+    assert "bertforge_batch_size_count" in text and "process_resident_memory_bytes" in text
+
+
+def test_every_pipeline_answers(client, pipelines):
+    r = client.post("/v1/classify", json={"texts": ["a good film", "bad"], "text_pairs": ["x", "y"]})
+    assert r.status_code == 200
+    assert r.json()["results"] == json.loads(json.dumps(pipelines["classify"](["a good film", "bad"],
+                                                                              text_pairs=["x", "y"])))
+    r = client.post("/v1/fill-mask", json={"texts": ["Paris is the [MASK] of France."], "top_k": 2})
+    assert r.status_code == 200 and len(r.json()["results"][0][0]) == 2
+    r = client.post("/v1/tag", json={"texts": ["John Smith lives in Paris."]})
+    assert r.status_code == 200 and isinstance(r.json()["results"][0], list)
+    r = client.post("/v1/answer", json={"questions": ["where?"], "contexts": ["John lives in Paris."]})
+    assert r.status_code == 200 and {"answer", "score", "start", "end"} <= set(r.json()["results"][0])
+    r = client.post("/v1/embed", json={"texts": ["a", "b c"], "pooling": "cls", "layers": [-1, -2]})
+    assert r.status_code == 200 and [len(v) for v in r.json()["results"]] == [64, 64]
+    assert client.post("/v1/ner", json={"texts": ["John"]}).status_code == 200  # an alias
+
+
+@pytest.mark.parametrize("body, status, reason", [
+    (b"{not json", 400, "not valid JSON"),
+    (b"\xff\xfe", 400, "not valid JSON"),
+    (b'["a list"]', 422, "JSON object"),
+    (b'{"texts": "one string"}', 422, "list of strings"),
+    (b'{"texts": [1, 2]}', 422, "must be a string"),
+    (b'{"texts": []}', 422, "is empty"),
+    (b'{"texts": ["fine", "  "]}', 422, "texts[1] is empty"),
+    (b'{}', 422, "missing field"),
+    (b'{"texts": ["a"], "colour": "red"}', 422, "unknown field"),
+    (b'{"texts": ["a"], "text_pairs": ["b", "c"]}', 422, "differ in length"),
+    (b'{"texts": ["a", "b", "c", "d", "e"]}', 413, "limit of 4"),
+    (json.dumps({"texts": ["x" * 201]}).encode(), 413, "201 characters"),
+    (json.dumps({"texts": ["x " * 3000]}).encode(), 413, "exceeds the limit of 4096 bytes"),
+])
+def test_bad_requests(client, body, status, reason):
+    r = client.post("/v1/classify", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    assert reason in r.json()["error"]
+
+
+def test_other_errors(client):
+    r = client.post("/v1/summarize", json={"texts": ["a"]})
+    assert r.status_code == 404 and "served" in r.json()["error"]
+    assert client.get("/v1/classify").status_code == 405
+    r = client.post("/v1/fill-mask", json={"texts": ["no mask"]})
+    assert r.status_code == 422 and "[MASK]" in r.json()["error"]
+    r = client.post("/v1/fill-mask", json={"texts": ["a [MASK]"], "top_k": "5"})
+    assert r.status_code == 422 and "top_k" in r.json()["error"]
+    r = client.post("/v1/fill-mask", json={"texts": ["a [MASK]"], "top_k": True})
+    assert r.status_code == 422
+    r = client.post("/v1/embed", json={"texts": ["a"], "layers": [9]})
+    assert r.status_code == 422 and "out of range" in r.json()["error"]
+    # After all that, it still serves.
+    assert client.post("/v1/classify", json={"texts": ["a good film"]}).status_code == 200
+
+
+def _batch_count(server) -> int:
+    return server.app.state.metrics.batch_size.count
+
+
+def test_micro_batching_groups_concurrent_requests(pipelines):
+    texts = ["a good film", "bad", "the story was fun", "John Smith lives in Paris.", "great", "boring movie"] * 2
+    expected = pipelines["classify"](texts)
+    app = create_app(pipelines, ServerSettings(max_batch_size=32, max_wait_ms=300))
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        with ThreadPoolExecutor(len(texts)) as pool:
+            responses = list(pool.map(lambda t: http.post("/v1/classify", json={"texts": [t]}), texts))
+        assert all(r.status_code == 200 for r in responses)
+        for r, e in zip(responses, expected):
+            assert r.json()["results"][0]["label"] == e["label"]
+            assert r.json()["results"][0]["score"] == pytest.approx(e["score"], abs=1e-5)
+        assert _batch_count(server) < len(texts)  # some requests shared a forward pass
+        assert app.state.metrics.batch_size.sum == len(texts)
+
+
+def test_without_micro_batching_each_request_runs_alone(pipelines):
+    app = create_app(pipelines, ServerSettings(micro_batching=False))
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(lambda t: http.post("/v1/classify", json={"texts": [t, t]}), ["a"] * 6))
+        assert all(r.status_code == 200 for r in responses)
+        assert _batch_count(server) == 6 and app.state.metrics.batch_size.sum == 12
+
+
+def test_one_bad_input_does_not_fail_its_batch(pipelines):
+    app = create_app(pipelines, ServerSettings(max_wait_ms=300))
+    bodies = [{"texts": ["Paris is the [MASK] of France."]}, {"texts": ["the " * 100 + "[MASK]"]}] * 2
+    with LiveServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as http:
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(lambda b: http.post("/v1/fill-mask", json=b), bodies))
+    assert [r.status_code for r in responses] == [200, 422, 200, 422]
+
+
+def test_graceful_shutdown_finishes_requests_in_flight(pipelines):
+    classify = pipelines["classify"]
+    inner = classify.runner
+
+    def slow(batch):
+        time.sleep(1.0)
+        return inner(batch)
+
+    slow_pipe = pipeline("classify", model=classify.model_dir, runner=slow)
+    app = create_app({"classify": slow_pipe}, ServerSettings())
+    server = LiveServer(app).start()
+    results = {}
+
+    def request():
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            results["response"] = http.post("/v1/classify", json={"texts": ["a good film"]})
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    time.sleep(0.4)  # the request is on the model thread now
+    server.stop()  # what SIGTERM does: stop accepting, finish in-flight requests, then exit
+    thread.join(10)
+    assert results["response"].status_code == 200
+    assert results["response"].json()["results"][0]["label"] in ("negative", "positive")
+
+
+def test_a_model_that_fails_to_load_exits_with_the_reason(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    for model in (str(tmp_path / "missing"), str(broken)):
+        done = subprocess.run([sys.executable, "-m", "bertforge", "serve", "--model", model, "--port", "0"],
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0
+        assert "cannot load" in done.stderr and model in done.stderr

@@ -1,0 +1,195 @@
+"""Fine-tuning sentence(-pair) classification end to end on the shared engine: GLUE layout and the
+user's own files, the best-model selection, lr grid and seeds, and `predict`."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel
+from bertforge.tasks.classification import classify_task, predict_file
+from bertforge.tasks.glue import glue_task
+from bertforge.tokenization import BertTokenizer
+from bertforge.training.finetune import FinetuneArguments, describe, finetune, finetune_grid
+
+POSITIVE = ["good", "great", "fine", "lovely", "superb"]
+NEGATIVE = ["bad", "awful", "poor", "dull", "terrible"]
+FILLER = ["the", "film", "was", "a", "plot", "very", "quite", "story", "and", "it"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random BERT-Tiny-shaped encoder with a word-level vocabulary, saved as a checkpoint."""
+    directory = tmp_path_factory.mktemp("tiny")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + POSITIVE + NEGATIVE + FILLER
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).save_pretrained(directory)
+    BertTokenizer(directory / "vocab.txt", do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+def sentences(count: int, seed: int) -> list[tuple[str, str]]:
+    """(sentence, label): the label is "1" when the sentence holds a positive word, else "0"."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        label = rng.random() < 0.5
+        words = rng.choices(FILLER, k=rng.randint(2, 9)) + [rng.choice(POSITIVE if label else NEGATIVE)]
+        rng.shuffle(words)
+        rows.append((" ".join(words) + " .", "1" if label else "0"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def sst2_dir(tmp_path_factory) -> Path:
+    """A learnable task in GLUE's SST-2 layout (header `sentence<TAB>label`; test: `index<TAB>sentence`)."""
+    directory = tmp_path_factory.mktemp("glue") / "SST-2"
+    directory.mkdir()
+    for split, count, seed in (("train", 192, 1), ("dev", 64, 2)):
+        lines = ["sentence\tlabel"] + [f"{s}\t{label}" for s, label in sentences(count, seed)]
+        (directory / f"{split}.tsv").write_text("\n".join(lines) + "\n")
+    lines = ["index\tsentence"] + [f"{i}\t{s}" for i, (s, _) in enumerate(sentences(10, 3))]
+    (directory / "test.tsv").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+def fast_args(out: Path, **overrides) -> FinetuneArguments:
+    values = dict(output_dir=out, lr=1e-2, epochs=6, batch_size=16, progress=False, log_every=5)
+    values.update(overrides)
+    return FinetuneArguments(**values)
+
+
+def test_glue_finetune_beats_the_majority_class_and_keeps_the_best(tiny_model, sst2_dir, tmp_path):
+    task = glue_task("sst2", sst2_dir, tiny_model)
+    results = finetune(task, fast_args(tmp_path / "out"))
+    labels = [line.split("\t")[1] for line in (sst2_dir / "dev.tsv").read_text().splitlines()[1:]]
+    majority = max(labels.count("0"), labels.count("1")) / len(labels)
+    assert results["task"] == "sst2" and set(results["metrics"]) == {"accuracy"}
+    assert results["metrics"]["accuracy"] > majority + 0.15
+    # The kept model is the best evaluation in the log, and it is a loadable checkpoint.
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    evals = [r for r in log if "eval_accuracy" in r]
+    assert len(evals) == 6  # one per epoch
+    best = max(evals, key=lambda r: r["eval_accuracy"])
+    assert results["metrics"]["accuracy"] == best["eval_accuracy"] and results["step"] == best["step"]
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.id2label == {0: "0", 1: "1"} and model.config.extra["finetuning_task"] == "sst2"
+    rows = [json.loads(line) for line in (tmp_path / "out" / "dev_predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == 64 and sum(r["correct"] for r in rows) / 64 == pytest.approx(best["eval_accuracy"])
+    # The same model predicts the same dev accuracy through `predict`.
+    predict_file(tmp_path / "out", sst2_dir / "dev.tsv", tmp_path / "dev_preds.tsv")
+    predicted = [line.split("\t")[1] for line in (tmp_path / "dev_preds.tsv").read_text().splitlines()[1:]]
+    assert sum(p == label for p, label in zip(predicted, labels)) / 64 == pytest.approx(best["eval_accuracy"])
+
+
+def test_predict_writes_the_glue_submission_format(tiny_model, sst2_dir, tmp_path):
+    out = tmp_path / "out"
+    assert main(["finetune", "glue", "--task", "SST-2", "--data-dir", str(sst2_dir.parent), "--model",
+                 str(tiny_model), "--output-dir", str(out), "--epochs", "1", "--batch-size", "32", "--lr", "1e-3",
+                 "--no-progress"]) == 0
+    lines = (out / "SST-2.tsv").read_text().splitlines()  # written after training, from the best model
+    assert lines[0] == "index\tprediction" and len(lines) == 11
+    assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(10)]
+    assert all(line.split("\t")[1] in ("0", "1") for line in lines[1:])
+    assert main(["predict", "--model", str(out), "--input", str(sst2_dir / "test.tsv"),
+                 "--output", str(tmp_path / "again.tsv")]) == 0
+    assert (tmp_path / "again.tsv").read_text() == (out / "SST-2.tsv").read_text()
+    results = json.loads((out / "eval_results.json").read_text())
+    assert set(results) >= {"task", "metrics", "epoch", "step"} and 0 <= results["metrics"]["accuracy"] <= 1
+
+
+def test_lr_grid_and_seeds_write_summary_statistics(tiny_model, sst2_dir, tmp_path):
+    task = glue_task("sst2", sst2_dir, tiny_model, max_train_examples=64)
+    summary = finetune_grid(task, fast_args(tmp_path / "out", epochs=1), lrs=[1e-3, 1e-4], seeds=[1, 2])
+    assert [(r["lr"], r["seed"]) for r in summary["runs"]] == [(1e-3, 1), (1e-3, 2), (1e-4, 1), (1e-4, 2)]
+    for lr in ("0.001", "0.0001"):
+        values = [r["metrics"]["accuracy"] for r in summary["runs"] if f"{r['lr']:g}" == lr]
+        assert summary["by_lr"][lr]["accuracy"] == describe(values)
+    best_lr = max((1e-3, 1e-4), key=lambda lr: summary["by_lr"][f"{lr:g}"]["accuracy"]["mean"])
+    assert summary["best_lr"] == best_lr and summary["metrics"] == summary["by_lr"][f"{best_lr:g}"]
+    # The best run's model is copied into OUT; summary.json is on disk.
+    best_dir = Path(summary["best_run"]["dir"])
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == (best_dir / "model.safetensors").read_bytes()
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["best_lr"] == best_lr
+    # Different seeds give different heads, hence different runs.
+    first, second = (BertForSequenceClassification.from_pretrained(tmp_path / "out" / f"lr0.001-seed{s}")
+                     for s in (1, 2))
+    assert not torch.equal(first.classifier.weight, second.classifier.weight)
+    # --resume reads finished runs back instead of training again.
+    again = finetune_grid(task, fast_args(tmp_path / "out", epochs=1, resume=True), lrs=[1e-3, 1e-4], seeds=[1, 2])
+    assert again["runs"] == summary["runs"]
+
+
+def test_describe_uses_the_sample_standard_deviation():
+    stats = describe([0.8, 0.9, 1.0])
+    assert stats["mean"] == pytest.approx(0.9) and stats["std"] == pytest.approx(0.1)
+    assert (stats["min"], stats["max"], stats["n"]) == (0.8, 1.0, 3)
+    assert describe([0.5])["std"] == 0.0
+
+
+def test_a_second_run_into_the_same_directory_is_refused(tiny_model, sst2_dir, tmp_path):
+    task = glue_task("sst2", sst2_dir, tiny_model, max_train_examples=32)
+    finetune(task, fast_args(tmp_path / "out", epochs=1))
+    with pytest.raises(ValueError, match="already holds a run"):
+        finetune(task, fast_args(tmp_path / "out", epochs=1))
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_own_files_string_labels_and_predict(tiny_model, tmp_path, suffix):
+    def write(path: Path, rows):
+        if suffix == ".csv":
+            path.write_text("text,label\n" + "".join(f'"{s}",{"pos" if y == "1" else "neg"}\n' for s, y in rows))
+        else:
+            path.write_text("".join(json.dumps({"text": s, "label": "pos" if y == "1" else "neg"}) + "\n"
+                                    for s, y in rows))
+
+    write(tmp_path / f"train{suffix}", sentences(192, 1))
+    write(tmp_path / f"dev{suffix}", sentences(64, 2))
+    task = classify_task(tiny_model, tmp_path / f"train{suffix}", tmp_path / f"dev{suffix}")
+    results = finetune(task, fast_args(tmp_path / "out"))
+    assert results["task"] == "classify" and set(results["metrics"]) == {"accuracy", "f1_macro"}
+    assert results["metrics"]["accuracy"] > 0.65
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.id2label == {0: "neg", 1: "pos"}
+    path = predict_file(tmp_path / "out", tmp_path / f"dev{suffix}", tmp_path / "preds.tsv")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "index\tprediction\tscore" and len(lines) == 65
+    assert all(line.split("\t")[1] in ("neg", "pos") and 0.5 <= float(line.split("\t")[2]) <= 1
+               for line in lines[1:])
+
+
+def test_regression_on_own_files(tiny_model, tmp_path):
+    rows = sentences(128, 4)
+    for name, part in (("train.tsv", rows[:96]), ("dev.tsv", rows[96:])):
+        (tmp_path / name).write_text("text\tlabel\n" + "".join(f"{s}\t{float(y) * 5:.1f}\n" for s, y in part))
+    task = classify_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", regression=True)
+    results = finetune(task, fast_args(tmp_path / "out", epochs=2))
+    assert set(results["metrics"]) == {"pearson", "spearman", "mse"}
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "out")
+    assert model.config.num_labels == 1 and model.config.extra["problem_type"] == "regression"
+    lines = predict_file(tmp_path / "out", tmp_path / "dev.tsv", tmp_path / "p.tsv").read_text().splitlines()
+    assert len(lines) == 33 and all(float(line.split("\t")[1]) == float(line.split("\t")[2]) for line in lines[1:])
+
+
+def test_predict_names_a_malformed_row(tiny_model, sst2_dir, tmp_path):
+    finetune(glue_task("sst2", sst2_dir, tiny_model, max_train_examples=32), fast_args(tmp_path / "out", epochs=1))
+    bad = tmp_path / "test.tsv"
+    bad.write_text("index\tsentence\n0\tfine .\n1\tmissing\tcolumn\textra\n")
+    with pytest.raises(ValueError, match=r"test.tsv:3"):
+        predict_file(tmp_path / "out", bad, tmp_path / "p.tsv")

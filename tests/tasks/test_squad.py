@@ -1,0 +1,422 @@
+"""SQuAD: reader, windows and maximal context, answer alignment, prediction, fine-tuning and the CLI."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.metrics.squad import evaluate_v1, evaluate_v2
+from bertforge.modeling import BertConfig, BertModel
+from bertforge.tasks.squad import (SquadExample, SquadSettings, answer_questions,
+                                   convert_examples_to_features, postprocess, predict_squad_file, read_squad_file,
+                                   squad_task)
+from bertforge.tasks.windows import aggregate_window_logits, max_context_flags, max_context_window, windows
+from bertforge.tokenization import BertTokenizer
+from bertforge.training.finetune import FinetuneArguments, finetune
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_SQUAD = "squad/v2.0/dev-v2.0.cs224n-half.json"
+
+WORDS = ("the a an is was of and to in on who what where when which did does capital city paris france london "
+         "england berlin germany river seine thames rhine flows through born year mary john smith lives works "
+         "company acme old new north south east west bridge").split()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random BERT (2 layers, H=32) with a small uncased vocabulary: words, letters, ##letters."""
+    directory = tmp_path_factory.mktemp("tiny_squad")
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
+              *[f"##{c}" for c in string.ascii_lowercase], *string.digits, *".,!?;:'\"()-", *WORDS]
+    (directory / "vocab.txt").write_text("\n".join(dict.fromkeys(tokens)) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizer(directory / "vocab.txt", do_lower_case=True)
+    tokenizer.save_pretrained(directory)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128)
+    BertModel(config).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir) -> BertTokenizer:
+    return BertTokenizer.from_pretrained(tiny_dir)
+
+
+def squad_json(paragraphs: list[tuple[str, list[tuple]]], title: str = "Rivers") -> dict:
+    """An official-format file: paragraphs of (context, [(id, question, answer text or None), ...]);
+    answer_start is where the text first occurs (None: unanswerable)."""
+    out = []
+    for context, questions in paragraphs:
+        qas = []
+        for qid, question, answer in questions:
+            if answer is None:
+                qas.append({"id": qid, "question": question, "answers": [], "is_impossible": True,
+                            "plausible_answers": [{"text": "paris", "answer_start": 0}]})
+            else:
+                start = context.index(answer)
+                assert start >= 0
+                qas.append({"id": qid, "question": question, "is_impossible": False,
+                            "answers": [{"text": answer, "answer_start": start}]})
+        out.append({"context": context, "qas": qas})
+    return {"version": "v2.0", "data": [{"title": title, "paragraphs": out}]}
+
+
+LONG_PASSAGE = ("the old city of paris is in the north of france and the river seine flows through it . "
+                "london is the capital of england and the thames flows through london . "
+                "mary smith was born in berlin in the east of germany and the rhine flows west .")
+
+TRAIN = [
+    ("paris is the capital of france .", [("q1", "what is the capital of france ?", "paris"),
+                                          ("q2", "what is the capital of germany ?", None)]),
+    ("berlin is the capital of germany .", [("q3", "what is the capital of germany ?", "berlin"),
+                                            ("q4", "who lives in berlin ?", None)]),
+    ("john smith works at acme .", [("q5", "where does john smith work ?", "acme"),
+                                    ("q6", "who works at acme ?", "john smith")]),
+    (LONG_PASSAGE, [("q7", "which river flows through london ?", "thames"),
+                    ("q8", "where was mary smith born ?", "berlin")]),
+]
+
+
+def write(path: Path, value) -> Path:
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return path
+
+
+# ---------------------------------------------------------------------------- reader
+
+def test_reader_counts_on_the_shared_file(shared_data):
+    data = read_squad_file(shared_data / SHARED_SQUAD)
+    assert len(data.examples) == 6078 and data.num_answerable == 2910
+    assert len(data.dataset) == 16 and len({e.title for e in data.examples}) == 16
+    assert all(not e.answers for e in data.examples if e.is_impossible)
+    assert len({e.qas_id for e in data.examples}) == 6078
+
+
+def test_whole_shared_file_converts_in_seconds(shared_data, uncased_vocab):
+    import time
+
+    tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
+    data = read_squad_file(shared_data / SHARED_SQUAD)
+    began = time.perf_counter()
+    features = convert_examples_to_features(data.examples, tokenizer, is_training=True)
+    assert time.perf_counter() - began < 20  # about 1 s on one core; generous for a busy machine
+    assert not features.skipped  # every answer of the official file aligns
+    assert len(features.features) > len(data.examples)  # some passages need two windows at 384
+    assert max(features.lengths) <= 384
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda qa: qa["answers"][0].pop("answer_start"), "answer_start"),
+    (lambda qa: qa.update(is_impossible=True), "is_impossible is true but it has answers"),
+    (lambda qa: qa.update(answers=[]), "no answers and not marked is_impossible"),
+    (lambda qa: qa.pop("question"), "no 'question'"),
+])
+def test_reader_errors_name_the_file_and_question(tmp_path, mutate, message):
+    value = squad_json(TRAIN[:1])
+    mutate(value["data"][0]["paragraphs"][0]["qas"][0])
+    path = write(tmp_path / "bad.json", value)
+    with pytest.raises(ValueError, match=message) as error:
+        read_squad_file(path)
+    assert str(path) in str(error.value) and "q1" in str(error.value)
+
+
+def test_reader_rejects_duplicate_ids_and_non_squad_files(tmp_path):
+    value = squad_json(TRAIN[:1])
+    value["data"][0]["paragraphs"][0]["qas"][1]["id"] = "q1"
+    with pytest.raises(ValueError, match="q1: the id appears twice"):
+        read_squad_file(write(tmp_path / "dup.json", value))
+    with pytest.raises(ValueError, match="not a SQuAD file"):
+        read_squad_file(write(tmp_path / "list.json", [1, 2]))
+    with pytest.raises(FileNotFoundError):
+        read_squad_file(tmp_path / "absent.json")
+
+
+# ---------------------------------------------------------------------------- windows
+
+def google_check_is_max_context(doc_spans, cur_span_index, position):
+    """Google's run_squad.py `_check_is_max_context` (doc_spans as (start, length))."""
+    best_score, best_span_index = None, None
+    for span_index, (start, length) in enumerate(doc_spans):
+        end = start + length - 1
+        if position < start or position > end:
+            continue
+        num_left_context = position - start
+        num_right_context = end - position
+        score = min(num_left_context, num_right_context) + 0.01 * length
+        if best_score is None or score > best_score:
+            best_score, best_span_index = score, span_index
+    return cur_span_index == best_span_index
+
+
+def google_doc_spans(length, max_tokens_for_doc, doc_stride):
+    spans, start_offset = [], 0
+    while start_offset < length:
+        span_length = min(length - start_offset, max_tokens_for_doc)
+        spans.append((start_offset, span_length))
+        if start_offset + span_length == length:
+            break
+        start_offset += min(span_length, doc_stride)
+    return spans
+
+
+@pytest.mark.parametrize("length, max_tokens, stride", [(40, 19, 8), (10, 4, 2), (5, 10, 3), (100, 30, 30),
+                                                        (97, 25, 7), (31, 16, 1)])
+def test_windows_and_max_context_are_googles(length, max_tokens, stride):
+    spans = windows(length, max_tokens, stride)
+    assert [(s, e - s) for s, e in spans] == google_doc_spans(length, max_tokens, stride)
+    for index in range(len(spans)):
+        flags = max_context_flags(spans, index)
+        assert flags == [google_check_is_max_context([(s, e - s) for s, e in spans], index, p)
+                         for p in range(*spans[index])]
+    for position in range(length):  # every token has exactly one max-context window
+        owners = [i for i, (start, end) in enumerate(spans)
+                  if start <= position < end and max_context_flags(spans, i)[position - start]]
+        assert owners == [max_context_window(position, spans)]
+
+
+def test_aggregate_window_logits():
+    logits = np.array([[1.0, 0.0], [3.0, 2.0], [0.0, 5.0], [2.0, 2.0]], dtype=np.float32)
+    mean, order = aggregate_window_logits(logits, [7, 7, 3, 7], "mean")
+    assert order == [7, 3] and mean.dtype == np.float32
+    np.testing.assert_allclose(mean, [[2.0, 4 / 3], [0.0, 5.0]], rtol=1e-6)
+    largest, _ = aggregate_window_logits(logits, [7, 7, 3, 7], "max")
+    np.testing.assert_allclose(largest, [[3.0, 2.0], [0.0, 5.0]])
+    with pytest.raises(ValueError):
+        aggregate_window_logits(logits, [0, 1], "mean")
+
+
+def _overlap_example(tokenizer):
+    """A passage of 40 one-token words with the answer ("thames", token 17) inside three windows of 19
+    tokens 8 apart: (0, 19), (8, 27), (16, 35), (24, 40); its max-context window is (8, 27)."""
+    words = ["old"] * 40
+    words[17] = "thames"
+    words[14] = "seine"
+    context = " ".join(words)
+    example = SquadExample("w1", "which river ?", context, [("thames", context.index("thames"))])
+    settings = SquadSettings(max_seq_length=19 + 3 + 3, doc_stride=8, max_query_length=8)
+    assert tokenizer.tokenize("which river ?") == ["which", "river", "?"]
+    return example, settings
+
+
+def test_answer_in_the_overlap_of_windows(tokenizer):
+    example, settings = _overlap_example(tokenizer)
+    features = convert_examples_to_features([example], tokenizer, settings, is_training=True)
+    assert features.spans[0] == [(0, 19), (8, 27), (16, 35), (24, 40)]
+    assert max_context_window(17, features.spans[0]) == 1
+    rows = features.features
+    assert [len(r["input_ids"]) for r in rows] == [25, 25, 25, 22]
+    for row in rows:
+        start, end = row["start_position"], row["end_position"]
+        if row["window_index"] == 3:  # the answer is not in this window: [CLS]
+            assert start == end == 0
+            continue
+        assert start == end and tokenizer.convert_ids_to_tokens([row["input_ids"][start]]) == ["thames"]
+        assert row["token_type_ids"][start] == 1 and row["token_type_ids"][row["context_offset"] - 1] == 0
+        window_start = features.spans[0][row["window_index"]][0]
+        s, e = features.offsets[0][window_start + start - row["context_offset"]]
+        assert example.context[s:e] == "thames"
+
+
+def test_prediction_scores_a_start_only_in_its_max_context_window(tokenizer):
+    example, settings = _overlap_example(tokenizer)
+    features = convert_examples_to_features([example], tokenizer, settings)
+    logits = []
+    for row in features.features:
+        n, offset = len(row["input_ids"]), row["context_offset"]
+        window_start = features.spans[0][row["window_index"]][0]
+        start, end = np.full(n, -10.0, np.float32), np.full(n, -10.0, np.float32)
+        answer, decoy = offset + 17 - window_start, offset + 14 - window_start
+        if row["window_index"] == 0:  # strongest here, but token 17 has more context in window 1
+            start[answer] = end[answer] = 10.0
+        if row["window_index"] == 1:
+            start[answer] = end[answer] = 3.0
+            start[decoy] = end[decoy] = 4.0  # "seine" (token 14): its max-context window is this one
+        logits.append((start, end))
+    result = postprocess([example], features, logits)
+    assert result.predictions == {"w1": "seine"}
+    best = {entry["text"]: entry for entry in result.nbest["w1"]}
+    assert best["thames"]["start_logit"] == 3.0  # window 0's 10.0 was never a candidate
+    assert sum(entry["probability"] for entry in result.nbest["w1"]) == pytest.approx(1.0)
+    # v2.0: the null score is the lowest [CLS] score over the windows, and τ decides.
+    for start, end in logits:
+        start[0] = end[0] = 5.0
+    logits[2][0][0] = 2.5  # window 2: [CLS] scores 2.5 + 5.0 = 7.5, the lowest
+    v2 = postprocess([example], features, logits, version_2_with_negative=True)
+    assert v2.null_odds["w1"] == pytest.approx(7.5 - 8.0) and v2.predictions["w1"] == "seine"
+    assert postprocess([example], features, logits, version_2_with_negative=True,
+                       null_score_diff_threshold=-1.0).predictions["w1"] == ""
+    assert v2.with_threshold(-1.0).predictions["w1"] == ""
+    assert "" in {entry["text"] for entry in v2.nbest["w1"]}
+
+
+def test_span_rules_end_after_start_and_max_answer_length(tokenizer):
+    context = "paris is the capital of france ."
+    example = SquadExample("s1", "what ?", context, [("paris", 0)])
+    features = convert_examples_to_features([example], tokenizer)
+    (row,) = features.features
+    n, offset = len(row["input_ids"]), row["context_offset"]
+    start, end = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    start[offset + 5] = 9.0  # "france"
+    end[offset + 1] = 9.0  # "is": before the start, never paired with it
+    end[offset + 5] = 1.0
+    start[1] = end[1] = 50.0  # a question token: not part of the passage
+    result = postprocess([example], features, [(start, end)], n_best_size=5)
+    assert result.predictions["s1"] == "france"
+    start[offset], end[offset + 1] = 20.0, -5.0  # "paris": to "france" is 6 tokens
+    assert postprocess([example], features, [(start, end)], max_answer_length=5).predictions["s1"] != "paris is the capital of france"
+    assert postprocess([example], features, [(start, end)], max_answer_length=6).predictions["s1"] == \
+        "paris is the capital of france"
+
+
+def test_unalignable_answers_are_reported_and_skipped(tokenizer, caplog):
+    context = "the river seine flows through paris \u200b ."
+    examples = [
+        SquadExample("ok", "which river ?", context, [("seine", context.index("seine"))]),
+        SquadExample("moved", "which river ?", context, [("seine", 3)]),  # answer_start off
+        SquadExample("zero-width", "what ?", context, [("\u200b", context.index("\u200b"))]),  # no token
+        SquadExample("beyond", "what ?", context, [("paris", 500)]),
+        SquadExample("none", "who ?", context, [], is_impossible=True),
+    ]
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        features = convert_examples_to_features(examples, tokenizer, is_training=True)
+    reasons = dict(features.skipped)
+    assert set(reasons) == {"moved", "zero-width", "beyond"}
+    assert "not at answer_start 3" in reasons["moved"] and "no token covers" in reasons["zero-width"]
+    assert "skipped 3 of 5 training questions" in caplog.text
+    assert sorted({f["example_index"] for f in features.features}) == [0, 4]
+    # Evaluation keeps every question: the gold texts are scored as text.
+    assert len(convert_examples_to_features(examples, tokenizer).features) == 5
+
+
+def test_answer_inside_a_word_covers_the_whole_word(uncased_vocab):
+    tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
+    context = "The Japanese army landed in 1894."
+    example = SquadExample("j", "who ?", context, [("Japan", 4)])
+    (row,) = convert_examples_to_features([example], tokenizer, is_training=True).features
+    assert tokenizer.convert_ids_to_tokens(row["input_ids"][row["start_position"]:row["end_position"] + 1]) == ["japanese"]
+
+
+def test_settings_are_checked(tokenizer):
+    with pytest.raises(ValueError, match="max_query_length"):
+        convert_examples_to_features([], tokenizer, SquadSettings(max_seq_length=60, max_query_length=64))
+
+
+# ---------------------------------------------------------------------------- fine-tuning and prediction
+
+def test_finetune_learns_a_handful_and_predicts(tmp_path, tiny_dir):
+    train = write(tmp_path / "train.json", squad_json(TRAIN))
+    settings = SquadSettings(max_seq_length=32, doc_stride=8, max_query_length=12)
+    task = squad_task(tiny_dir, train, train, version="2.0", settings=settings, tune_threshold=True,
+                      eval_batch_size=8)
+    assert len(task.train_features) > 8  # the long passage runs as several windows
+    out = tmp_path / "out"
+    results = finetune(task, FinetuneArguments(output_dir=out, lr=2e-3, epochs=60, batch_size=8, warmup_ratio=0.05,
+                                               weight_decay=0.0, seed=0, progress=False, log_every=1000))
+    # Always "no answer" scores 2/8; the tiny random model learns most of the rest in a few seconds.
+    assert results["task"] == "squad_v2" and results["metrics"]["f1"] >= 0.75, results
+    for name in ("predictions.json", "nbest_predictions.json", "null_odds.json", "squad_eval.json", "config.json",
+                 "model.safetensors", "vocab.txt", "eval_results.json"):
+        assert (out / name).is_file(), name
+    # The files agree with the official v2.0 script run on them.
+    dataset = json.loads(train.read_text())["data"]
+    predictions = json.loads((out / "predictions.json").read_text())
+    null_odds = json.loads((out / "null_odds.json").read_text())
+    official = evaluate_v2(dataset, predictions, null_odds)
+    assert json.loads((out / "squad_eval.json").read_text()) == pytest.approx(official)
+    assert results["metrics"]["f1"] == pytest.approx(official["f1"] / 100, abs=1e-12)
+    assert set(predictions) == {qid for _, qs in TRAIN for qid, _, _ in qs}
+    config = json.loads((out / "config.json").read_text())
+    assert config["version_2_with_negative"] is True and config["finetuning_task"] == "squad_v2"
+    assert config["squad"]["null_score_diff_threshold"] == results["metrics"]["null_score_diff_threshold"]
+    assert config["squad"]["max_seq_length"] == 32
+    # The fine-tuned model answers with its stored settings, and the answer pipeline sees it as v2.
+    (answer,) = answer_questions(out, ["what is the capital of france ?"], ["paris is the capital of france ."])
+    assert answer["answer"] == "paris" and (answer["start"], answer["end"]) == (0, 5)
+    scores = predict_squad_file(out, train, tmp_path / "pred" / "p.json")
+    assert (tmp_path / "pred" / "p.nbest.json").is_file() and (tmp_path / "pred" / "p.null_odds.json").is_file()
+    assert scores["f1"] == pytest.approx(official["f1"])
+    from bertforge.serving import pipeline
+
+    assert pipeline("answer", model=out).config.extra["version_2_with_negative"] is True
+
+
+def test_cli_finetune_and_predict(tmp_path, tiny_dir, capsys):
+    answerable = [(context, [q for q in questions if q[2] is not None]) for context, questions in TRAIN]
+    train = write(tmp_path / "v1.json", squad_json(answerable))
+    out = tmp_path / "out"
+    common = ["finetune", "squad", "--train-file", str(train), "--dev-file", str(train), "--model", str(tiny_dir),
+              "--max-seq-length", "32", "--doc-stride", "8", "--max-query-length", "12", "--no-progress"]
+    assert main(common + ["--output-dir", str(out), "--max-steps", "2", "--batch-size", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "squad: best at" in printed and "exact_match" in printed
+    results = json.loads((out / "eval_results.json").read_text())
+    assert set(results["metrics"]) == {"exact_match", "f1"}
+    official = evaluate_v1(json.loads(train.read_text())["data"], json.loads((out / "predictions.json").read_text()))
+    assert results["metrics"]["f1"] == pytest.approx(official["f1"] / 100, abs=1e-12)
+    assert not (out / "null_odds.json").exists()
+
+    assert main(["predict", "--model", str(out), "--question", "who works at acme ?",
+                 "--context", "john smith works at acme ."]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert set(answer) == {"answer", "start", "end", "probability", "null_odds"}
+    assert answer["answer"] == "john smith works at acme ."[answer["start"]:answer["end"]]
+    assert main(["predict", "--model", str(out), "--input", str(train), "--output", str(tmp_path / "p.json")]) == 0
+    assert set(json.loads((tmp_path / "p.json").read_text())) == {"q1", "q3", "q5", "q6", "q7", "q8"}
+
+    # Errors are the user's: one line, exit status 2.
+    assert main(common + ["--output-dir", str(tmp_path / "o2"), "--tune-threshold"]) == 2
+    assert "--version 2.0" in capsys.readouterr().err
+    v2 = write(tmp_path / "v2.json", squad_json(TRAIN))
+    assert main(common[:3] + [str(v2)] + common[4:] + ["--output-dir", str(tmp_path / "o3")]) == 2
+    assert "q2 is unanswerable" in capsys.readouterr().err
+
+
+def test_version_defaults_follow_the_paper(monkeypatch, tmp_path, tiny_dir):
+    import bertforge.training.finetune as engine
+
+    seen = {}
+    monkeypatch.setattr(engine, "finetune_grid", lambda task, args, lrs, seeds: seen.update(args=args) or {
+        "task": task.name, "metrics": {"f1": 0.0}, "epoch": 0, "step": 0})
+    train = write(tmp_path / "t.json", squad_json(TRAIN))
+    for version, epochs, batch in (("2.0", 2.0, 48), ("1.1", 3.0, 32)):
+        data = train if version == "2.0" else write(tmp_path / "t1.json", squad_json(
+            [(c, [q for q in qs if q[2] is not None]) for c, qs in TRAIN]))
+        assert main(["finetune", "squad", "--train-file", str(data), "--dev-file", str(data), "--model", str(tiny_dir),
+                     "--output-dir", str(tmp_path / version), "--version", version, "--max-seq-length", "32",
+                     "--max-query-length", "12"]) == 0
+        assert (seen["args"].epochs, seen["args"].batch_size, seen["args"].lr) == (epochs, batch, 5e-5)
+
+
+# ---------------------------------------------------------------------------- the split script
+
+def test_split_script_keeps_articles_apart(shared_data, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("split_squad", REPO / "scripts" / "split_squad.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--input", str(shared_data / SHARED_SQUAD), "--output-dir", str(tmp_path / "a")]) == 0
+    assert "train:" in capsys.readouterr().out
+    module.main(["--input", str(shared_data / SHARED_SQUAD), "--output-dir", str(tmp_path / "b")])
+    train, held_out = (read_squad_file(tmp_path / "a" / f"{name}.json") for name in ("train", "eval"))
+    assert not {e.title for e in train.examples} & {e.title for e in held_out.examples}
+    assert len(train.examples) + len(held_out.examples) == 6078
+    assert train.num_answerable + held_out.num_answerable == 2910
+    assert (tmp_path / "a" / "train.json").read_bytes() == (tmp_path / "b" / "train.json").read_bytes()
+    with pytest.raises(SystemExit):
+        module.main(["--output-dir", str(REPO / "squad-split")])  # never into the repository
