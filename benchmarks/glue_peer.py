@@ -77,6 +77,7 @@ def run_seed(args, seed: int) -> dict:
     trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=dev,
                       compute_metrics=compute_metrics,
                       data_collator=transformers.DataCollatorWithPadding(tokenizer) if args.dynamic_padding else None)
+    trainer.remove_callback(transformers.PrinterCallback)  # its log dicts would go to stdout, beside the JSON line
     started = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - started
@@ -111,7 +112,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    runs = [run_seed(args, int(seed)) for seed in args.seeds.split(",")]
+    runs = []
+    for seed in args.seeds.split(","):  # each seed's result is kept on disk as soon as it is known
+        runs.append(run_seed(args, int(seed)))
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / f"seed{seed}.json").write_text(json.dumps(runs[-1]) + "\n")
     names = sorted(set.intersection(*(set(r["metrics"]) for r in runs)))
     print(json.dumps({"benchmark": "glue_peer", "framework": "transformers " + transformers.__version__,
                       "task": args.task, "lr": args.lr, "epochs": args.epochs, "batch_size": args.batch_size,

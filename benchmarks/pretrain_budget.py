@@ -102,16 +102,17 @@ def peer_run(args) -> dict:
             optimizer.zero_grad(set_to_none=True)
             step += 1
             if step % args.log_every == 0:
-                log.write(json.dumps({"step": step, "loss": float(out.loss), "lr": scheduler.get_last_lr()[0],
+                log.write(json.dumps({"step": step, "loss": out.loss.item(), "lr": scheduler.get_last_lr()[0],
                                       "elapsed": training_time()}) + "\n")
             if step % args.eval_every == 0:
-                pause = time.perf_counter()
-                last = {"step": step, **evaluate(), "elapsed": training_time()}
+                pause, elapsed = time.perf_counter(), training_time()  # evaluation does not count
+                last = {"step": step, **evaluate(), "elapsed": elapsed}
                 log.write(json.dumps(last) + "\n")
                 log.flush()
                 paused += time.perf_counter() - pause
         epoch += 1
-    last = {"step": step, **evaluate(), "elapsed": training_time()}
+    elapsed = training_time()
+    last = {"step": step, **evaluate(), "elapsed": elapsed}
     log.write(json.dumps(last) + "\n")
     log.close()
     return last

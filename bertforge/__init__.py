@@ -11,10 +11,11 @@ from .modeling import (
     BertModel,
 )
 from .serving import pipeline
+from .tokenization import BertTokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BertConfig", "BertModel", "BertForPreTraining", "BertForMaskedLM", "BertForSequenceClassification",
-    "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "pipeline",
+    "BertForTokenClassification", "BertForQuestionAnswering", "BertForMultipleChoice", "BertTokenizer", "pipeline",
 ]

@@ -27,11 +27,16 @@ def test_convert_tf_missing_checkpoint(tmp_path, capsys):
 
 def test_quickstart_pipeline_learns(tmp_path, capsys):
     # The real pipeline, shortened: the held-out masked-LM loss must fall from its first evaluation.
-    run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16)
+    run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16, genre_epochs=1, genre_max_examples=256)
     printed = capsys.readouterr().out
-    for stage in ("corpus:", "vocab:", "instances:", "pre-training:", "plots:", "fill-mask", "features:"):
+    for stage in ("corpus:", "vocab:", "instances:", "pre-training:", "plots:", "fill-mask", "features:",
+                  "fine-tuning:"):
         assert stage in printed
     report = json.loads((tmp_path / "report.json").read_text())
+    genre = report["genre"]
+    assert 0.3 < genre["majority_class"] < 0.5  # three genres, one held-out play each
+    assert set(genre) == {"majority_class", "pre-trained", "random init"}
+    assert (tmp_path / "genre_pre_trained" / "eval_results.json").is_file()
     assert report["held_out_last_eval"]["eval_mlm_loss"] < report["held_out_first_eval"]["eval_mlm_loss"]
     assert (tmp_path / "pretrain" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "features.jsonl").read_text().count("\n") == 2

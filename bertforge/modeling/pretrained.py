@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from .._files import save_safetensors
 from .config import CONFIG_NAME, BertConfig
 
 logger = logging.getLogger("bertforge")
@@ -161,14 +161,7 @@ class PreTrainedBert(nn.Module):
         directory.mkdir(parents=True, exist_ok=True)
         self.config.save_pretrained(directory, architecture=type(self).__name__)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".tmp")
-        os.close(handle)
-        try:
-            save_file(tensors, temporary, metadata={"format": "pt"})
-            os.replace(temporary, directory / WEIGHTS_NAME)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        save_safetensors(tensors, directory / WEIGHTS_NAME)
 
 
 __all__ = ["CONFIG_NAME", "LoadReport", "PreTrainedBert", "read_state_dict", "match_state_dict"]

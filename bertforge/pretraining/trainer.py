@@ -50,16 +50,22 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
 
 
 class MaskedLMStep:
-    """Masked LM (+ NSP): the paper's objective, or MLM only (`nsp=False`)."""
+    """Masked LM (+ NSP): the paper's objective, or MLM only (`nsp=False`).
 
-    def __init__(self, nsp: bool = True):
-        self.nsp = nsp
+    `unpad=True`: the encoder computes only the real tokens of each instance (about 5% of a 128-token
+    batch of book text is padding: the `short_seq_prob` targets leave some); the losses are the
+    padded path's to rounding (tests/modeling/test_inference_paths.py). Off by default until its
+    speed-up is measured (benchmarks/pretrain.py).
+    """
+
+    def __init__(self, nsp: bool = True, unpad: bool = False):
+        self.nsp, self.unpad = nsp, unpad
 
     def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]):
         out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                     attention_mask=batch["attention_mask"], masked_lm_positions=batch["masked_lm_positions"],
                     masked_lm_labels=batch["masked_lm_labels"],
-                    next_sentence_label=batch["next_sentence_label"] if self.nsp else None)
+                    next_sentence_label=batch["next_sentence_label"] if self.nsp else None, unpad=self.unpad)
         losses = {"mlm_loss": out.mlm_loss}
         with torch.no_grad():
             metrics = {"mlm_accuracy": _accuracy(out.prediction_logits, batch["masked_lm_labels"])}
@@ -167,6 +173,7 @@ class PretrainingArguments:
     device: str | None = None
     progress: bool = True
     max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save the model when spent
+    unpad: bool = False  # compute only the real tokens (MaskedLMStep); False: the padded path
 
 
 def open_dataset(path: str | os.PathLike, seed: int) -> PretrainingDataset:
@@ -227,7 +234,7 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {args.objective!r}")
     if (args.phase2_data is None) != (args.phase2_steps is None):
         raise ValueError("a second phase needs both --phase2-data and --phase2-steps")
-    step = LeftToRightStep() if args.objective == "ltr" else MaskedLMStep(nsp=args.nsp)
+    step = LeftToRightStep() if args.objective == "ltr" else MaskedLMStep(nsp=args.nsp, unpad=args.unpad)
     output_dir = Path(args.output_dir)
 
     train = open_dataset(args.data, args.seed)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -34,6 +33,7 @@ from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from tqdm import tqdm
 
+from .._files import save_safetensors
 from .tagging import (DEV_PREDICTIONS, IGNORE_INDEX, NerData, build_windows, collate_windows, labelled_tokens,
                       ner_metrics, prepare_ner_data, read_for_prediction, read_model_config, word_piece_ids,
                       write_conll)
@@ -151,21 +151,13 @@ class BiLSTMTagger(nn.Module):
         return TaskOutput(logits, loss)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config = {"architectures": [type(self).__name__], "model_type": "bertforge-feature-bilstm", **self.config}
         (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".model.", suffix=".tmp")
-        os.close(handle)
-        try:
-            save_file(tensors, temporary, metadata={"format": "pt"})
-            os.replace(temporary, directory / "model.safetensors")
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        save_safetensors(tensors, directory / "model.safetensors")
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "BiLSTMTagger":

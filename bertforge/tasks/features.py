@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -18,6 +17,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .._files import temporary_file
 from ..modeling import BertModel
 from ..tokenization import BertTokenizer
 
@@ -90,7 +90,7 @@ def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike
     examples = read_examples(input_file)
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=output_file.parent, prefix=f".{output_file.name}.", suffix=".tmp")
+    handle, temporary = temporary_file(output_file.parent, prefix=f".{output_file.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             features = layer_features(model, tokenizer, examples, layers, max_seq_length, batch_size, progress)

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-import numpy as np
 import torch
 
 logger = logging.getLogger("bertforge")

@@ -18,12 +18,12 @@ import logging
 import os
 import random
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
+from .._files import temporary_file
 
 logger = logging.getLogger("bertforge")
 
@@ -55,7 +55,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
     Until the rename, `path` keeps its previous content; if `write` raises, the temporary file is removed.
     """
     path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX + path.name + ".")
+    handle, temporary = temporary_file(path.parent, prefix=_TEMP_PREFIX + path.name + ".")
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)

@@ -21,12 +21,14 @@ module does the rest, identically for every task:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import os
 import shutil
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -98,8 +100,6 @@ def _json_dump(path: Path, value: Any) -> None:
 
 def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     """Fine-tune once; returns the best evaluation as written to OUT/eval_results.json."""
-    from ..tasks.classification import length_grouped_order  # the data-order helper every task can use
-
     output_dir = Path(args.output_dir)
     if not args.resume and (latest_checkpoint(output_dir / CHECKPOINT_DIR) or (output_dir / LOG_NAME).exists()):
         raise ValueError(f"{output_dir} already holds a run: pass --resume to continue it, or another --output-dir")
@@ -108,9 +108,7 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     order_fn = None
     if args.group_by_length and task.lengths is not None:
         lengths = list(task.lengths)
-
-        def order_fn(seed: int, epoch: int) -> list[int]:
-            return length_grouped_order(lengths, args.batch_size, seed, epoch)
+        order_fn = functools.partial(_grouped_order, lengths, args.batch_size * args.grad_accum)
 
     training = TrainingArguments(
         output_dir=output_dir, batch_size=args.batch_size, grad_accum=args.grad_accum, epochs=args.epochs,
@@ -140,13 +138,23 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
                       evaluator=evaluator, on_best=on_best,
                       checkpoint_extra={"finetuning": {"task": task.name}})
     resume = latest_checkpoint(output_dir / CHECKPOINT_DIR) if args.resume else None
+    started = time.perf_counter()
     result = trainer.train(resume_from=resume)
+    wall = time.perf_counter() - started
     if trainer.context.is_main:
         best = json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
         best["budget_spent"] = result.budget_spent
+        best["wall_seconds"] = round(wall, 2)  # this run's training and evaluations (not a resumed run's earlier part)
         _json_dump(output_dir / EVAL_RESULTS, best)
     trainer.context.barrier()
     return json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
+
+
+def _grouped_order(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[int]:
+    """An epoch's order in which each step's examples have similar lengths (see `length_grouped_order`)."""
+    from ..tasks.classification import length_grouped_order
+
+    return length_grouped_order(lengths, batch_size, seed, epoch)
 
 
 def _eval_results(task: str, record: dict[str, Any]) -> dict[str, Any]:

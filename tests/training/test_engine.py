@@ -393,3 +393,31 @@ def test_order_fn_sets_each_epochs_order(tmp_path):
         collate=collate, step_fn=step, phases=[Phase(data, order_fn=order_fn)], count_fn=step.counts)
     trainer.train()
     assert data.read == list(range(16)) + list(reversed(range(16)))
+
+
+def test_atomic_files_get_the_usual_permissions(tmp_path):
+    """mkstemp's files are 0600; a saved model or checkpoint must be readable as any file `open` makes."""
+    import os
+
+    umask = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "ckpt", _state(1), 1, keep_last=None)
+        BertForPreTraining(tiny_config()).save_pretrained(tmp_path / "model")
+        (tmp_path / "plain").write_text("x")
+    finally:
+        os.umask(umask)
+    expected = (tmp_path / "plain").stat().st_mode & 0o777
+    assert expected == 0o644
+    for path in [*(tmp_path / "ckpt").glob("checkpoint-*"), tmp_path / "model" / "model.safetensors"]:
+        assert path.stat().st_mode & 0o777 == expected, path
+
+
+def test_unpadded_pretraining_step_gives_the_padded_losses():
+    data = SyntheticPretrainingData(8)
+    batch = collate([data[i] for i in range(8)])
+    batch["attention_mask"][:3, -5:] = 0  # some padding to skip
+    model = build_model(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), seed=0, nsp=True)
+    padded, _ = MaskedLMStep()(model, batch)
+    unpadded, _ = MaskedLMStep(unpad=True)(model, batch)
+    for name in padded:
+        assert torch.allclose(padded[name], unpadded[name], atol=1e-5, rtol=0), name
