@@ -247,23 +247,9 @@ def choice_step(model, batch: dict[str, torch.Tensor]):
 def predict_choice_logits(model, features: Sequence[dict], batch_size: int = 32, pad_token_id: int = 0) -> np.ndarray:
     """Logits (N, K) of a multiple-choice model for `features`, in their order. `batch_size` counts
     examples (each K sequences); examples are batched by length so padding is minimal."""
-    if not features:
-        return np.zeros((0, 0), dtype=np.float32)
-    order = sorted(range(len(features)), key=lambda i: feature_length(features[i]))
-    device = next(model.parameters()).device
-    logits: list[np.ndarray | None] = [None] * len(features)
-    was_training = model.training
-    model.eval()
-    try:
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            batch = collate([{k: v for k, v in features[i].items() if k != "label"} for i in rows], pad_token_id)
-            out = model(**{k: v.to(device) for k, v in batch.items()})
-            for i, row in zip(rows, out.logits.float().cpu().numpy()):
-                logits[i] = row
-    finally:
-        model.train(was_training)
-    return np.stack(logits)
+    from .classification import predict_features
+
+    return predict_features(model, features, batch_size, pad_token_id, collate_fn=collate, length_fn=feature_length)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:

@@ -421,10 +421,14 @@ def classify_metrics(predictions: Sequence, labels: Sequence, regression: bool) 
 
 
 @torch.no_grad()
-def predict_features(model, features: Sequence[dict], batch_size: int = 128, pad_token_id: int = 0) -> np.ndarray:
-    """Logits (N, K) of a sequence classifier for `features`, in their order. Rows are batched by length
-    (sorted, so padding is minimal) and put back in order."""
-    order = sorted(range(len(features)), key=lambda i: len(features[i]["input_ids"]))
+def predict_features(model, features: Sequence[dict], batch_size: int = 128, pad_token_id: int = 0, *,
+                     collate_fn=None, length_fn=None) -> np.ndarray:
+    """Logits (N, K) of a model for `features`, in their order. Rows are batched by length (sorted, so
+    padding is minimal) and put back in order. `collate_fn(rows, pad_token_id)` and `length_fn(feature)`
+    default to this module's sequence-classification ones; other tasks (multiple choice) pass theirs."""
+    collate_fn = collate_fn or collate
+    length_fn = length_fn or (lambda feature: len(feature["input_ids"]))
+    order = sorted(range(len(features)), key=lambda i: length_fn(features[i]))
     device = next(model.parameters()).device
     logits = [None] * len(features)
     was_training = model.training
@@ -432,7 +436,7 @@ def predict_features(model, features: Sequence[dict], batch_size: int = 128, pad
     try:
         for start in range(0, len(order), batch_size):
             rows = order[start:start + batch_size]
-            batch = collate([{k: v for k, v in features[i].items() if k != "label"} for i in rows], pad_token_id)
+            batch = collate_fn([{k: v for k, v in features[i].items() if k != "label"} for i in rows], pad_token_id)
             out = model(**{k: v.to(device) for k, v in batch.items()})
             for i, row in zip(rows, out.logits.float().cpu().numpy()):
                 logits[i] = row
