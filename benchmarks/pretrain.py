@@ -238,7 +238,7 @@ def bench_config(name: str, batch: int, steps: int, args, data: Path, workdir: P
     BertForPreTraining(BertConfig.preset(name)).save_pretrained(model_dir)
     common = ["--data", str(data), "--model-dir", str(model_dir), "--batch-size", str(batch),
               "--threads", str(args.threads), "--warmup", str(args.warmup), "--num-batches", str(args.num_batches),
-              "--scratch", str(workdir / f"scratch-{name}"), *(["--unpad"] if args.unpad else [])]
+              "--scratch", str(workdir / f"scratch-{name}"), *([] if args.unpad else ["--no-unpad"])]
     workers = {}
     for framework in ("ours", "peer"):  # started one after the other: loading is not timed but is heavy
         workers[framework] = Worker(framework, common)
@@ -283,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--retries", type=int, default=20, help="repeats of a disturbed run before giving up")
     parser.add_argument("--book", type=Path, default=DEFAULT_BOOK, help="text the instances are made of")
     parser.add_argument("--data", type=Path, help="prepared instances (128 tokens) instead of --book")
-    parser.add_argument("--unpad", action="store_true", help="bertforge computes only the real tokens (MaskedLMStep(unpad=True))")
+    parser.add_argument("--no-unpad", dest="unpad", action="store_false",
+                        help="bertforge runs the padded encoder (default: MaskedLMStep's unpadded path, as `bertforge pretrain`)")
     parser.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)

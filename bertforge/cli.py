@@ -479,8 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--phase2-steps", type=int, help="the last N of --max-steps run on --phase2-data")
     p.add_argument("--phase2-batch-size", type=int, help="(default: --batch-size)")
     p.add_argument("--no-nsp", dest="nsp", action="store_false", help="masked LM only, no next-sentence loss")
-    p.add_argument("--unpad", action="store_true",
-                   help="compute only the real tokens of each batch (the same losses to rounding)")
+    p.add_argument("--no-unpad", dest="unpad", action="store_false",
+                   help="run the padded encoder (default: compute only the real tokens; same losses to rounding)")
     p.add_argument("--objective", choices=("mlm", "ltr"), default="mlm",
                    help="ltr: left-to-right LM with a causal encoder, no NSP (the paper's ablation)")
     p.add_argument("--fsdp", action="store_true", help="FullyShardedDataParallel under torchrun (GPU-oriented)")

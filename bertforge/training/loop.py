@@ -46,6 +46,7 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
 from .distributed import DistributedContext, configure_threads, setup
+from .memory import keep_freed_memory
 from .optim import build_optimizer
 from .schedule import linear_schedule
 
@@ -97,6 +98,7 @@ class TrainingArguments:
     eval_each_epoch: bool = False  # also evaluate at the end of every epoch
     best_metric: str | None = None  # an evaluation result (without "eval_") that picks the best model
     greater_is_better: bool = True
+    keep_freed_memory: bool = True  # CPU: keep freed tensors' pages in the process (memory.keep_freed_memory)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -274,6 +276,8 @@ class Trainer:
         self.context = context or setup(args.device)
         configure_threads(self.context, args.num_threads)
         self.device = self.context.device
+        if self.device.type == "cpu" and args.keep_freed_memory:
+            keep_freed_memory()
         self.module = model.to(self.device)  # the bare model: what is saved and evaluated
         self.model = self._wrap(self.module)  # what step_fn calls: the module, or its DDP / FSDP wrapper
         self.optimizer = (optimizer_fn or self._default_optimizer)(self.model)

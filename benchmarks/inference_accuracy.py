@@ -1,0 +1,83 @@
+"""What the fast inference paths cost in accuracy: a fine-tuned GLUE model's dev metrics at fp32,
+bf16 and int8 (`optimize_for_inference`), on the same dev set, batches and threads.
+
+    python benchmarks/inference_accuracy.py --model runs/sst2 --task sst2 --data-dir ../shared/data/glue
+
+For each dtype: the task's dev metrics (fractions), the change of each from fp32 in points (×100),
+how many predictions differ from fp32's, the largest logit difference from fp32, and the wall time of
+the pass (unpadded, length-sorted batches of `--batch-size`). Prints ONE JSON line; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="a fine-tuned `bertforge finetune glue` output")
+    parser.add_argument("--task", required=True)
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--dtypes", default="fp32,bf16,int8")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    import torch
+
+    from bertforge.metrics.glue import glue_metrics
+    from bertforge.modeling import BertForSequenceClassification, optimize_for_inference
+    from bertforge.tasks.classification import convert_examples_to_features, logits_to_predictions, predict_features
+    from bertforge.tasks.glue import get_task, read_glue_examples
+    from bertforge.tokenization import BertTokenizer
+
+    torch.set_num_threads(args.threads)
+    spec = get_task(args.task)
+    split = spec.dev_splits[0]
+    examples = read_glue_examples(spec, args.data_dir, split)
+    tokenizer = BertTokenizer.from_pretrained(args.model)
+    features = convert_examples_to_features(examples, tokenizer, spec.label_list, args.max_seq_length)
+    labels = [f["label"] for f in features]
+    regression = spec.label_list is None
+    pad_id = tokenizer.vocab.get("[PAD]", 0)
+
+    results, reference = {}, None
+    for dtype in args.dtypes.split(","):
+        model = optimize_for_inference(BertForSequenceClassification.from_pretrained(args.model), dtype=dtype)
+        with torch.inference_mode():
+            predict_features(model, features[:args.batch_size], args.batch_size, pad_id)  # warm-up
+            start = time.perf_counter()
+            logits = predict_features(model, features, args.batch_size, pad_id)
+            seconds = time.perf_counter() - start
+        predictions = logits_to_predictions(logits, regression)
+        metrics = glue_metrics(spec.split(split).metrics_task, predictions, labels)
+        row = {"metrics": {k: round(v, 6) for k, v in metrics.items()}, "seconds": round(seconds, 2)}
+        if reference is None:
+            reference = (logits, predictions, metrics)
+        else:
+            row["change_points"] = {k: round(100 * (v - reference[2][k]), 3) for k, v in metrics.items()}
+            row["predictions_changed"] = int(np.sum(predictions != reference[1])) if not regression else None
+            row["max_abs_logit_diff"] = float(np.abs(logits - reference[0]).max())
+        results[dtype] = row
+        print(f"{dtype}: {row}", file=sys.stderr)
+
+    out = {"benchmark": "inference_accuracy", "task": spec.name, "split": split, "examples": len(features),
+           "model": str(args.model), "threads": args.threads, "batch_size": args.batch_size,
+           "torch_version": torch.__version__, "cpu_model": platform.processor() or platform.machine(),
+           "results": results}
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
