@@ -422,15 +422,22 @@ def postprocess(examples: Sequence[SquadExample], features: SquadFeatures,
 
 
 def tune_null_threshold(dataset: list[dict], predictions: SquadPredictions) -> float:
-    """The τ that maximises F1 on `dataset` (evaluate-v2.0.py's `best_f1_thresh`, computed on the
-    best non-null spans so that every threshold is scored exactly)."""
+    """A τ that maximises F1 on `dataset`: it takes the decisions of evaluate-v2.0.py's `best_f1_thresh`
+    (computed on the best non-null spans so that every threshold is scored exactly), with a margin.
+
+    The official threshold is the null-odds of the last question it answers, so that question sits
+    exactly on it: scored a rounding error higher at prediction time (another batch size, another
+    CPU's kernels) it would flip to no-answer. τ is the midpoint between that value and the next
+    larger null-odds on `dataset`, which makes the same decisions on it."""
     from ..metrics.squad import _raw_scores, find_best_thresh
 
     _, f1_raw = _raw_scores(dataset, predictions.best_span)
     has_answer = {qa["id"]: bool(qa["answers"]) for article in dataset for p in article["paragraphs"]
                   for qa in p["qas"]}
     odds = {qid: value for qid, value in predictions.null_odds.items() if qid in f1_raw}
-    return float(find_best_thresh(predictions.best_span, f1_raw, odds, has_answer)[1])
+    best = float(find_best_thresh(predictions.best_span, f1_raw, odds, has_answer)[1])
+    above = [value for value in odds.values() if value > best]
+    return (best + min(above)) / 2 if above else best
 
 
 def write_squad_predictions(output_dir: str | os.PathLike, predictions: SquadPredictions,

@@ -420,3 +420,23 @@ def test_split_script_keeps_articles_apart(shared_data, tmp_path, capsys):
     assert (tmp_path / "a" / "train.json").read_bytes() == (tmp_path / "b" / "train.json").read_bytes()
     with pytest.raises(SystemExit):
         module.main(["--output-dir", str(REPO / "squad-split")])  # never into the repository
+
+
+def test_tuned_threshold_keeps_the_official_decisions_with_a_margin():
+    from bertforge.tasks.squad import SquadPredictions, tune_null_threshold
+
+    def qa(qid, answer):
+        return {"id": qid, "question": "q", "answers": [{"text": answer, "answer_start": 0}] if answer else []}
+
+    dataset = [{"title": "t", "paragraphs": [{"context": "paris rome", "qas": [
+        qa("a", "paris"), qa("b", "rome"), qa("c", None), qa("d", None)]}]}]
+    best_span = {"a": "paris", "b": "rome", "c": "paris", "d": "rome"}
+    # Answering the two questions with odds <= -1.0 is best; the official threshold is -1.0 itself.
+    odds = {"a": -3.0, "b": -1.0, "c": 2.0, "d": 5.0}
+    predictions = SquadPredictions(predictions=dict(best_span), nbest={}, null_odds=odds, best_span=best_span)
+    official = evaluate_v2(dataset, best_span, odds)
+    assert official["best_f1"] == 100.0 and official["best_f1_thresh"] == -1.0
+    tau = tune_null_threshold(dataset, predictions)
+    assert tau == pytest.approx(0.5)  # midway to the next odds: "b" no longer sits on the threshold
+    tuned = predictions.with_threshold(tau).predictions
+    assert tuned == {"a": "paris", "b": "rome", "c": "", "d": ""}
