@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,23 +28,11 @@ from pathlib import Path
 
 import torch
 
+from _common import cpu_model, load_average, log, quiet_libraries
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"
 MODELS = ("minilm", "base")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def sst2_sentences(path: Path) -> list[str]:
@@ -167,11 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.onednn:
         os.environ["BERTFORGE_ONEDNN_LINEAR"] = "1"
     torch.set_num_threads(args.threads)
-    logging.getLogger("bertforge").setLevel(logging.ERROR)
+    quiet_libraries()
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
     from bertforge.tokenization import BertTokenizer
 
     try:
@@ -181,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             return None
 
     sentences = sst2_sentences(args.data)
-    load_before = os.getloadavg()[0]
-    if load_before > 1.5:
-        log(f"warning: load average {load_before:.2f} on {os.cpu_count()} CPUs: timings will be noisy")
+    load_before = load_average()
     results = []
     with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
         for name in models:

@@ -33,9 +33,7 @@ import argparse
 import importlib.util
 import io
 import json
-import logging
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -45,26 +43,14 @@ from pathlib import Path
 
 import torch
 
+from _common import cpu_model, load_average, log, quiet_libraries
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
 MODELS = ("minilm", "base")
 DATASETS = ("sst2", "mrpc")
 VARIANTS = ("peer", "ours", "ours_padded", "bf16", "int8", "onnx")
 DEFAULT_VARIANTS = ("peer", "ours", "bf16", "int8", "onnx")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def read_tsv(path: Path) -> list[list[str]]:
@@ -321,18 +307,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.onednn:
         os.environ["BERTFORGE_ONEDNN_LINEAR"] = "1"
     torch.set_num_threads(args.threads)
-    logging.getLogger("bertforge").setLevel(logging.ERROR)
+    quiet_libraries()
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
     from bertforge.modeling.bert import onednn_linear_op
     from bertforge.modeling.inference import cpu_has_bf16, cpu_has_vnni
     from bertforge.tokenization import BertTokenizer
 
-    load_before = os.getloadavg()[0]
-    if load_before > 1.5:
-        log(f"warning: load average {load_before:.2f} on {os.cpu_count()} CPUs: timings will be noisy")
+    load_before = load_average()
     results, skipped = [], {}
     with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
         for name in models:

@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from _common import cpu_model, log
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "pretraining"
 LIMIT_MB = 2048
@@ -44,20 +46,6 @@ LIMIT_MB = 2048
 _WRAPPER = ("import json, resource, subprocess, sys; code = subprocess.run(sys.argv[1:]).returncode; "
             "usage = resource.getrusage(resource.RUSAGE_CHILDREN); "
             "print(json.dumps({'code': code, 'maxrss_kb': usage.ru_maxrss, 'cpu_s': usage.ru_utime + usage.ru_stime}))")
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _children() -> dict[int, list[int]]:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -37,24 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import cpu_model, log
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_BOOK = REPO.parent / "shared" / "data" / "pretraining" / "books" / "Doyle_Hound_1902.txt"
 DEFAULTS = {"tiny": (64, 20), "mini": (32, 10), "small": (16, 6), "medium": (8, 4), "base": (8, 3), "large": (4, 2)}
 TARGETS = {"mini": 2.0, "base": 1.3}
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # -- worker: one framework, one model, commands on stdin -------------------------------------------

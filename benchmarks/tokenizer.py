@@ -30,12 +30,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
+from _common import log  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT / ".." / "shared" / "data"
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def read_lines(folder: Path, limit: int | None) -> list[str]:

@@ -19,6 +19,7 @@ The sequence layout and truncation follow Google's and Hugging Face's SWAG scrip
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import os
 import re
@@ -28,6 +29,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from .classification import batch_labels, read_delimited_rows
 
 __all__ = ["TASK_NAME", "ChoiceExample", "choice_step", "collate", "convert_examples_to_features",
            "multiple_choice_task", "predict_choice_file", "predict_choice_logits", "read_swag_file",
@@ -76,62 +79,47 @@ def read_swag_file(path: str | os.PathLike, *, require_labels: bool = True,
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file not found: {path}")
+    rows = read_delimited_rows(path, ",", header_hint="SWAG's header line")
+    _, header = next(rows)
+    columns = {name: i for i, name in enumerate(header) if name}
+    missing = [name for name in ["sent1", "sent2"] if name not in columns]
+    endings = sorted((int(m.group(1)), i) for name, i in columns.items() if (m := _ENDING.match(name)))
+    if missing or len(endings) < 2:
+        raise ValueError(f"{path}:1: not a SWAG header (need sent1, sent2, ending0, ending1, ...; "
+                         f"found: {', '.join(header)})")
+    if [n for n, _ in endings] != list(range(len(endings))):
+        raise ValueError(f"{path}:1: ending columns must be ending0 .. ending{len(endings) - 1} without gaps, "
+                         f"found {', '.join(f'ending{n}' for n, _ in endings)}")
+    if "label" not in columns and require_labels:
+        raise ValueError(f"{path}:1: no 'label' column (an unlabelled file, like SWAG's test.csv, "
+                         f"needs require_labels=False)")
+    unnamed = [i for i, name in enumerate(header) if not name]
+    index_column = unnamed[0] if unnamed else None
+    num_choices = len(endings)
     examples: list[ChoiceExample] = []
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        reader = csv.reader(handle)
-        try:
-            header = next(reader, None)
-        except csv.Error as error:
-            raise ValueError(f"{path}:1: {error}") from None
-        if header is None:
-            raise ValueError(f"{path}: empty file (expected SWAG's header line)")
-        header = [name.strip() for name in header]
-        columns = {name: i for i, name in enumerate(header) if name}
-        missing = [name for name in ["sent1", "sent2"] if name not in columns]
-        endings = sorted((int(m.group(1)), i) for name, i in columns.items() if (m := _ENDING.match(name)))
-        if missing or len(endings) < 2:
-            raise ValueError(f"{path}:1: not a SWAG header (need sent1, sent2, ending0, ending1, ...; "
-                             f"found: {', '.join(header)})")
-        if [n for n, _ in endings] != list(range(len(endings))):
-            raise ValueError(f"{path}:1: ending columns must be ending0 .. ending{len(endings) - 1} without gaps, "
-                             f"found {', '.join(f'ending{n}' for n, _ in endings)}")
-        if "label" not in columns and require_labels:
-            raise ValueError(f"{path}:1: no 'label' column (an unlabelled file, like SWAG's test.csv, "
-                             f"needs require_labels=False)")
-        unnamed = [i for i, name in enumerate(header) if not name]
-        index_column = unnamed[0] if unnamed else None
-        num_choices = len(endings)
-        while max_examples is None or len(examples) < max_examples:
-            line = reader.line_num + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as error:
-                raise ValueError(f"{path}:{line}: {error}") from None
-            if not row:  # a blank line
-                continue
-            where = f"{path}:{line}"
-            if len(row) != len(header):
-                raise ValueError(f"{where}: expected {len(header)} fields ({', '.join(header)}), found {len(row)}")
+    # One row, one example: islice stops before parsing past the limit. It refuses a negative stop,
+    # which reads nothing and so ends in the "no examples" error below.
+    limit = None if max_examples is None else max(max_examples, 0)
+    for line, row in itertools.islice(rows, limit):
+        where = f"{path}:{line}"
 
-            def cell(name: str) -> str:
-                return row[columns[name]] if name in columns else ""
+        def cell(name: str) -> str:
+            return row[columns[name]] if name in columns else ""
 
-            context = row[columns["sent1"]].strip()
-            if not context:
-                raise ValueError(f"{where}: empty sent1")
-            texts = [row[i].strip() for _, i in endings]
-            empty = [n for n, text in enumerate(texts) if not text]
-            if empty:
-                raise ValueError(f"{where}: empty ending{empty[0]}")
-            label = _swag_label(cell("label"), num_choices, require_labels, where)
-            examples.append(ChoiceExample(
-                guid=f"{path.stem}-{len(examples)}", context=context, start=row[columns["sent2"]].strip(),
-                endings=texts, label=label,
-                index=row[index_column].strip() if index_column is not None else str(len(examples)),
-                video_id=cell("video-id"), fold_ind=cell("fold-ind"), startphrase=cell("startphrase"),
-                gold_source=cell("gold-source")))
+        context = row[columns["sent1"]].strip()
+        if not context:
+            raise ValueError(f"{where}: empty sent1")
+        texts = [row[i].strip() for _, i in endings]
+        empty = [n for n, text in enumerate(texts) if not text]
+        if empty:
+            raise ValueError(f"{where}: empty ending{empty[0]}")
+        label = _swag_label(cell("label"), num_choices, require_labels, where)
+        examples.append(ChoiceExample(
+            guid=f"{path.stem}-{len(examples)}", context=context, start=row[columns["sent2"]].strip(),
+            endings=texts, label=label,
+            index=row[index_column].strip() if index_column is not None else str(len(examples)),
+            video_id=cell("video-id"), fold_ind=cell("fold-ind"), startphrase=cell("startphrase"),
+            gold_source=cell("gold-source")))
     if not examples:
         raise ValueError(f"{path}: no examples")
     return examples
@@ -222,12 +210,9 @@ def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.
             token_type_ids[b, c, :len(types)] = torch.tensor(types, dtype=torch.long)
             attention_mask[b, c, :len(ids)] = 1
     batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-    labels = [f.get("label") for f in features]
-    missing = sum(label is None for label in labels)
-    if missing == len(labels):
+    labels = batch_labels(features)
+    if labels is None:
         return batch
-    if missing:
-        raise ValueError(f"{missing} of {len(labels)} features in the batch have no label")
     batch["labels"] = torch.tensor(labels, dtype=torch.long)
     return batch
 

@@ -5,8 +5,11 @@ every classification task shares, and the reader for the user's own files:
 
 * `InputExample`: one example, as in Google's `run_classifier.py`.
 * `read_classify_file(path)`: CSV, TSV or JSON-lines with `text`, optional `text_pair`, `label`.
+* `read_delimited_rows(path)`: the rows of any CSV/TSV with a header line, errors naming `file:line`
+  (the SWAG reader of `bertforge.tasks.choice` uses it too).
 * `convert_examples_to_features(...)`: token ids, unpadded (BERT's `[CLS] A [SEP] B [SEP]`).
-* `collate(features)`: a batch of tensors padded to its longest row (dynamic padding).
+* `collate(features)`: a batch of tensors padded to its longest row (dynamic padding), from
+  `pad_batch` (the model inputs) and `batch_labels`, which other tasks' collates use too.
 * `length_grouped_order(...)`: an epoch's order with batches of similar lengths.
 
 Labels: a classification task has a label list (strings); a feature's label is the index into it,
@@ -22,13 +25,13 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["InputExample", "collate", "convert_examples_to_features", "id2label", "length_grouped_order",
-           "read_classify_file", "sort_labels"]
+__all__ = ["InputExample", "batch_labels", "collate", "convert_examples_to_features", "id2label",
+           "length_grouped_order", "pad_batch", "read_classify_file", "read_delimited_rows", "sort_labels"]
 
 
 @dataclass
@@ -105,11 +108,17 @@ def _classify_text(raw: Any, key: str, where: str) -> str:
     return raw
 
 
-def _records_delimited(path: Path, delimiter: str):
-    """(line number, {column: value}) per data row of a CSV/TSV with a header line.
+def read_delimited_rows(path: str | os.PathLike, delimiter: str = ",", *,
+                        header_hint: str = "a header line naming the columns") -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) per row of a CSV/TSV file: first its header (line 1, names stripped of
+    white space), then each data row.
 
     Standard CSV quoting (what pandas, Excel and the csv module write): a field holding the
-    delimiter, a newline or a leading quote is quoted, `"` inside it doubled.
+    delimiter, a newline or a leading quote is quoted, `"` inside it doubled; a row's number is that
+    of its first line. Blank lines are skipped. Errors name `file:line`: a malformed row, a data row
+    whose number of fields differs from the header's, an empty file (`header_hint` says what its
+    first line should have been). A generator: the caller checks the header before any data row is
+    read, so a bad header is reported first.
     """
     with open(path, encoding="utf-8-sig", newline="") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
@@ -118,14 +127,9 @@ def _records_delimited(path: Path, delimiter: str):
         except csv.Error as error:
             raise ValueError(f"{path}:1: {error}") from None
         if header is None:
-            raise ValueError(f"{path}: empty file (expected a header line naming the columns)")
+            raise ValueError(f"{path}: empty file (expected {header_hint})")
         header = [name.strip() for name in header]
-        if "text" not in header:
-            raise ValueError(f"{path}:1: no 'text' column in the header (found: {', '.join(header)}); "
-                             f"expected columns text, optional text_pair, label")
-        duplicates = sorted({name for name in header if header.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"{path}:1: duplicate column(s) {', '.join(duplicates)}")
+        yield 1, header
         while True:
             start = reader.line_num + 1
             try:
@@ -139,7 +143,21 @@ def _records_delimited(path: Path, delimiter: str):
             if len(row) != len(header):
                 raise ValueError(f"{path}:{start}: expected {len(header)} fields ({', '.join(header)}), "
                                  f"found {len(row)}")
-            yield start, dict(zip(header, row))
+            yield start, row
+
+
+def _records_delimited(path: Path, delimiter: str):
+    """(line number, {column: value}) per data row of a CSV/TSV with a header line."""
+    rows = read_delimited_rows(path, delimiter)
+    _, header = next(rows)
+    if "text" not in header:
+        raise ValueError(f"{path}:1: no 'text' column in the header (found: {', '.join(header)}); "
+                         f"expected columns text, optional text_pair, label")
+    duplicates = sorted({name for name in header if header.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"{path}:1: duplicate column(s) {', '.join(duplicates)}")
+    for start, row in rows:
+        yield start, dict(zip(header, row))
 
 
 def _records_jsonl(path: Path):
@@ -257,10 +275,10 @@ def _feature_label(example: InputExample, label_map: dict[str, int] | None):
                          f"{list(label_map)}") from None
 
 
-def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pad a batch to its longest row: `input_ids`, `token_type_ids`, `attention_mask` (B, S) int64,
-    and `labels` (B,) — float32 for regression (float labels), int64 for classification. No
-    `labels` when the batch is unlabelled."""
+def pad_batch(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """The model inputs of a batch of unpadded features, padded to its longest row: `input_ids`
+    (padded with `pad_token_id`), `token_type_ids` and `attention_mask` (padded with 0), each (B, S)
+    int64. The part of `collate` that every sequence-per-row task shares (SQuAD's too)."""
     if not features:
         raise ValueError("empty batch")
     lengths = [len(f["input_ids"]) for f in features]
@@ -272,13 +290,29 @@ def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.
         input_ids[row, :length] = torch.tensor(feature["input_ids"], dtype=torch.long)
         token_type_ids[row, :length] = torch.tensor(feature["token_type_ids"], dtype=torch.long)
         attention_mask[row, :length] = 1
-    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+
+
+def batch_labels(features: Sequence[dict]) -> list | None:
+    """The `label` of each feature of a batch, or None when none has one (a batch to predict on).
+    A batch in which only some features are labelled is a ValueError: its loss would be wrong."""
     labels = [f.get("label") for f in features]
     missing = sum(label is None for label in labels)
     if missing == len(labels):
-        return batch
+        return None
     if missing:
         raise ValueError(f"{missing} of {len(labels)} features in the batch have no label")
+    return labels
+
+
+def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
+    """Pad a batch to its longest row: `input_ids`, `token_type_ids`, `attention_mask` (B, S) int64,
+    and `labels` (B,) — float32 for regression (float labels), int64 for classification. No
+    `labels` when the batch is unlabelled."""
+    batch = pad_batch(features, pad_token_id)
+    labels = batch_labels(features)
+    if labels is None:
+        return batch
     regression = any(isinstance(label, float) for label in labels)
     batch["labels"] = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     return batch

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .classification import pad_batch
 from .windows import max_context_window, windows
 
 logger = logging.getLogger("bertforge")
@@ -268,18 +269,7 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, se
 def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
     """A batch padded to its longest row: `input_ids`, `token_type_ids`, `attention_mask` (B, S) int64,
     and for training rows `start_positions`, `end_positions` (B,) int64."""
-    if not features:
-        raise ValueError("empty batch")
-    lengths = [len(f["input_ids"]) for f in features]
-    size = (len(features), max(lengths))
-    input_ids = torch.full(size, pad_token_id, dtype=torch.long)
-    token_type_ids = torch.zeros(size, dtype=torch.long)
-    attention_mask = torch.zeros(size, dtype=torch.long)
-    for row, (feature, length) in enumerate(zip(features, lengths)):
-        input_ids[row, :length] = torch.tensor(feature["input_ids"], dtype=torch.long)
-        token_type_ids[row, :length] = torch.tensor(feature["token_type_ids"], dtype=torch.long)
-        attention_mask[row, :length] = 1
-    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    batch = pad_batch(features, pad_token_id)
     if "start_position" in features[0]:
         batch["start_positions"] = torch.tensor([f["start_position"] for f in features], dtype=torch.long)
         batch["end_positions"] = torch.tensor([f["end_position"] for f in features], dtype=torch.long)

@@ -21,13 +21,7 @@ POSITIVE = ["good", "great", "fine", "lovely", "superb"]
 NEGATIVE = ["bad", "awful", "poor", "dull", "terrible"]
 FILLER = ["the", "film", "was", "a", "plot", "very", "quite", "story", "and", "it"]
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -29,13 +29,7 @@ WORDS = ("the a an is was of and to in on who what where when which did does cap
          "england berlin germany river seine thames rhine flows through born year mary john smith lives works "
          "company acme old new north south east west bridge").split()
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
