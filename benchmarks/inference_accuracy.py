@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from _common import cpu_model, log  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -69,11 +70,11 @@ def main(argv: list[str] | None = None) -> dict:
             row["predictions_changed"] = int(np.sum(predictions != reference[1])) if not regression else None
             row["max_abs_logit_diff"] = float(np.abs(logits - reference[0]).max())
         results[dtype] = row
-        print(f"{dtype}: {row}", file=sys.stderr)
+        log(f"{dtype}: {row}")
 
     out = {"benchmark": "inference_accuracy", "task": spec.name, "split": split, "examples": len(features),
            "model": str(args.model), "threads": args.threads, "batch_size": args.batch_size,
-           "torch_version": torch.__version__, "cpu_model": platform.processor() or platform.machine(),
+           "torch_version": torch.__version__, "cpu_model": cpu_model(),
            "results": results}
     print(json.dumps(out))
     return out

@@ -7,10 +7,10 @@ memory over the run, and bad requests.
 For each mode (micro-batching on, then off) it starts the server as a child process
 (`python -m bertforge serve --task classify`), sends SST-2 dev sentences to `/v1/classify` from
 `--clients` concurrent keep-alive connections, one sentence per request, for `--duration` seconds,
-and records throughput, p50/p99 latency, errors and the server's resident memory after warm-up and at
-the end. After the batched run it sends `--bad-requests` requests of each bad kind (oversize body, too
-many texts, too long a text, bad JSON, wrong types, empty text), checks each gets its 4xx and that a
-good request still succeeds after each kind, then stops the server with SIGTERM (graceful: in-flight
+and records throughput, p50/p99 latency, errors and the server's resident memory after warm-up, every
+5 s during the load and at the end. After the batched run it sends `--bad-requests` requests of each
+bad kind (oversize body, too many texts, too long a text, bad JSON, wrong types, empty text), checks
+each gets its 4xx and that a good request still succeeds after each kind, then stops the server with SIGTERM (graceful: in-flight
 requests finish; uvicorn then re-raises the signal, so the exit status reads -15).
 Prints one JSON line. Only loopback is used; every loop is bounded in time or count.
 """
@@ -154,6 +154,44 @@ def load(port: int, sentences: list[str], clients: int, duration: float) -> dict
             "errors": errors["count"], "error_examples": errors["examples"]}
 
 
+RSS_EVERY_S = 5.0
+
+
+class RssSampler:
+    """The server's resident memory every `every` seconds while the load runs, in a thread.
+
+    A leak grows without end; a server that is merely warming up (the allocator reaching the sizes of
+    full micro-batches) grows early and then stays. So the summary compares the second half of the
+    run with its end: `rss_growth_second_half_mb` near zero is "flat"."""
+
+    def __init__(self, pid: int, every: float):
+        self.pid, self.every = pid, every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            rss = rss_bytes(self.pid)
+            if rss:
+                self.samples.append(round(rss / 2**20, 1))
+
+    def __enter__(self) -> "RssSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(self.every + 5)
+
+    def summary(self) -> dict:
+        if len(self.samples) < 2:
+            return {"rss_mb_every_5s": self.samples}
+        half = self.samples[len(self.samples) // 2]
+        return {"rss_mb_every_5s": self.samples,
+                "rss_growth_second_half_mb": round(self.samples[-1] - half, 1)}
+
+
 def bad_requests(port: int, count: int, max_body_bytes: int) -> dict:
     """`count` requests of each bad kind; each must get its status, and a good request must pass after."""
     kinds = {
@@ -213,10 +251,12 @@ def main() -> None:
             post(warm, "/v1/classify", json.dumps({"texts": sentences[:8]}).encode())
             warm.close()
             rss_start = rss_bytes(server.process.pid)
-            run.update(load(server.port, sentences, args.clients, args.duration))
+            with RssSampler(server.process.pid, RSS_EVERY_S) as sampler:
+                run.update(load(server.port, sentences, args.clients, args.duration))
             run["rss_start_mb"] = round(rss_start / 2**20, 1) if rss_start else None
             rss_end = rss_bytes(server.process.pid)
             run["rss_end_mb"] = round(rss_end / 2**20, 1) if rss_end else None
+            run.update(sampler.summary())
             if mode == "batched" and args.bad_requests:
                 result["bad_requests"] = bad_requests(server.port, args.bad_requests, 1 << 20)
                 rss_after = rss_bytes(server.process.pid)
