@@ -4,7 +4,7 @@
     python benchmarks/finetune.py --runs mrpc:3 --seed 42
 
 For each `task:epochs` of `--runs`, in turn (never at once), on `--threads` threads: bertforge
-(dynamic padding with length-grouped batches, its defaults) and the peer (`benchmarks/glue_peer.py`:
+(dynamic padding and unpadded execution, its defaults) and the peer (`benchmarks/glue_peer.py`:
 transformers' `Trainer` + `AutoModelForSequenceClassification`, padding to `--max-seq-length` as its
 `run_glue.py` does by default), with the all-MiniLM-L6-v2 checkpoint, batch 32, lr 2e-5, warm-up 10%,
 one seed. Each side runs in its own process; the wall time is that of the whole fine-tuning (training

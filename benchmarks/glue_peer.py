@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--dynamic-padding", action="store_true", help="pad per batch (not the peer's default)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--resume", action="store_true",
+                        help="reuse OUTPUT_DIR/seed{N}.json of seeds already run (an interrupted run's finished seeds)")
     args = parser.parse_args()
 
     import torch
@@ -114,9 +116,14 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     runs = []
     for seed in args.seeds.split(","):  # each seed's result is kept on disk as soon as it is known
+        done = Path(args.output_dir) / f"seed{seed}.json"
+        if args.resume and done.exists():
+            runs.append(json.loads(done.read_text()))
+            print(f"seed {seed}: reusing {done}", file=sys.stderr)
+            continue
         runs.append(run_seed(args, int(seed)))
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / f"seed{seed}.json").write_text(json.dumps(runs[-1]) + "\n")
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.write_text(json.dumps(runs[-1]) + "\n")
     names = sorted(set.intersection(*(set(r["metrics"]) for r in runs)))
     print(json.dumps({"benchmark": "glue_peer", "framework": "transformers " + transformers.__version__,
                       "task": args.task, "lr": args.lr, "epochs": args.epochs, "batch_size": args.batch_size,

@@ -134,7 +134,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--seeds", type=int, default=1, help="seeds --seed, --seed+1, ... (as bertforge --seeds)")
     parser.add_argument("--sampling", default="random", choices=("random", "group_by_length"),
-                        help="batch order: random as run_ner (default), or group_by_length as bertforge's default")
+                        help="batch order: random as run_ner (default), or group_by_length as bertforge's --group-by-length")
     parser.add_argument("--max-train-examples", type=int, help="first N training sentences (smoke runs)")
     parser.add_argument("--max-eval-examples", type=int, help="first N dev sentences (smoke runs)")
     parser.add_argument("--num-threads", type=int, help="torch threads")

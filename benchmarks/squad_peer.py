@@ -14,7 +14,7 @@ the numbers sit side by side:
 * training targets: the first answer's token span when the window holds it, else [CLS];
 * AdamW (ε 1e-6 as bertforge and Google's BERT), linear warm-up over `--warmup-ratio` then linear decay,
   weight decay 0.01, clipping at 1.0; batch order random as run_qa (or grouped by length as bertforge's
-  default, `--sampling group_by_length`);
+  `--group-by-length`, `--sampling group_by_length`);
 * evaluation at the end of each epoch: n-best (`--n-best-size`) starts and ends per window, spans with
   end >= start and at most `--max-answer-length` tokens, no max-context check (run_qa's features carry
   none), for v2.0 the minimum [CLS] score over windows against the best span with
@@ -254,7 +254,7 @@ def main() -> int:
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--sampling", default="random", choices=("random", "group_by_length"),
-                        help="batch order: random as run_qa (default), or group_by_length as bertforge's default")
+                        help="batch order: random as run_qa (default), or group_by_length as bertforge's --group-by-length")
     parser.add_argument("--max-train-examples", type=int, help="first N training questions (smoke runs)")
     parser.add_argument("--max-eval-examples", type=int, help="first N eval questions (smoke runs)")
     parser.add_argument("--num-threads", type=int, help="torch threads")

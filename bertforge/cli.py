@@ -371,8 +371,12 @@ def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float = 2e-5, epochs:
     p.add_argument("--save-every", type=int, help="training checkpoints every N steps, for --resume")
     p.add_argument("--resume", action="store_true", help="continue OUT's run (a grid: skip finished runs)")
     p.add_argument("--max-minutes", type=float, help="wall-clock budget per run: then stop, evaluate, keep the best")
-    p.add_argument("--no-group-by-length", dest="group_by_length", action="store_false",
-                   help="shuffle uniformly instead of batching examples of similar length")
+    p.add_argument("--group-by-length", action=argparse.BooleanOptionalAction, default=None,
+                   help="batch examples of similar length (less padding; default: uniformly shuffled batches, "
+                   "which --unpad makes as cheap)")
+    p.add_argument("--unpad", action=argparse.BooleanOptionalAction, default=None,
+                   help="the encoder computes only the real tokens of each batch (default: on; --no-unpad: the "
+                   "padded path)")
     p.add_argument("--num-threads", type=int, help="torch threads")
     p.add_argument("--device", help="cpu, cuda, ... (default: the GPU if there is one)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")

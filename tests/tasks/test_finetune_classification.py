@@ -187,3 +187,32 @@ def test_predict_names_a_malformed_row(tiny_model, sst2_dir, tmp_path):
     bad.write_text("index\tsentence\n0\tfine .\n1\tmissing\tcolumn\textra\n")
     with pytest.raises(ValueError, match=r"test.tsv:3"):
         predict_file(tmp_path / "out", bad, tmp_path / "p.tsv")
+
+
+def test_unpadded_training_follows_the_padded_path(tiny_model, sst2_dir, tmp_path, monkeypatch):
+    """`unpad=True` changes only where the compute goes: without dropout (whose masks would be drawn
+    over other shapes) the losses and dev accuracy of every step equal the padded run's to rounding."""
+    model_dir = tmp_path / "no_dropout"
+    model_dir.mkdir()
+    for file in tiny_model.iterdir():
+        (model_dir / file.name).write_bytes(file.read_bytes())
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    unpadded_calls = []
+    forward_unpadded = BertModel._forward_unpadded
+    monkeypatch.setattr(BertModel, "_forward_unpadded",
+                        lambda self, *a, **k: unpadded_calls.append(1) or forward_unpadded(self, *a, **k))
+    logs = {}
+    for unpad in (False, True):
+        out = tmp_path / f"unpad_{unpad}"
+        finetune(glue_task("sst2", sst2_dir, model_dir),
+                 fast_args(out, epochs=2, unpad=unpad, group_by_length=False, log_every=1))
+        assert bool(unpadded_calls) == unpad  # the padded run never took the unpadded path; the other did
+        logs[unpad] = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert len(unpadded_calls) >= 24
+    losses = {unpad: [r["loss"] for r in log if "loss" in r] for unpad, log in logs.items()}
+    assert len(losses[True]) == len(losses[False]) == 24
+    assert losses[True] == pytest.approx(losses[False], abs=1e-5)
+    accuracies = {unpad: [r["eval_accuracy"] for r in log if "eval_accuracy" in r] for unpad, log in logs.items()}
+    assert accuracies[True] == accuracies[False]
