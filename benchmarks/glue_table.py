@@ -59,7 +59,8 @@ def main() -> None:
     print(f"| seed | bertforge {' / '.join(names)} (epoch) | transformers {' / '.join(names)} (epoch) |")
     print("|---|---|---|")
     peer_runs = {run["seed"]: run for run in peer["runs"]}
-    for run in ours["runs"]:
+    best_runs = [run for run in ours["runs"] if "best_lr" not in ours or run.get("lr") == ours["best_lr"]]
+    for run in best_runs:
         other = peer_runs.get(run["seed"], {})
         mine = " / ".join(points(run["metrics"][n]) for n in names)
         theirs = " / ".join(points(other["metrics"][n]) for n in names) if other else "–"
