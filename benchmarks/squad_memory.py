@@ -4,7 +4,7 @@ The question a user with a laptop asks: does fine-tuning BERT-Base on SQuAD fit 
 is set by the longest batches, so this trains on the questions of the two longest passages of the
 training file (every window of them is long: most are the full 384 tokens) and evaluates on a few
 passages of the dev file. The model is a randomly initialised `base` preset (12 layers, hidden 768,
-110M parameters) with the vocabulary of `--vocab-from`: memory does not depend on the weights' values,
+110M parameters) with the vocabulary of `--model-vocab`: memory does not depend on the weights' values,
 and no base checkpoint ships on PyPI.
 
 It runs `bertforge finetune squad` in a child process, padded (`--no-unpad`: every step is 8 × the
@@ -70,19 +70,22 @@ def main() -> int:
     from bertforge.tasks.squad import SquadSettings, convert_examples_to_features, read_squad_file
     from bertforge.tokenization import BertTokenizer
 
+    settings = SquadSettings()
     work = Path(tempfile.mkdtemp(prefix="squad_memory_"))
     try:
         model_dir = work / "model"
         torch.manual_seed(0)
         BertForPreTraining(BertConfig.preset(args.preset)).save_pretrained(model_dir)
+        if not (args.model_vocab / "vocab.txt").is_file():
+            raise SystemExit(f"--model-vocab {args.model_vocab}: no vocab.txt there")
         for name in ("vocab.txt", "tokenizer_config.json"):
-            if (args.model_vocab / name).exists():
+            if (args.model_vocab / name).exists():  # tokenizer_config.json is optional (lower-casing default)
                 shutil.copy(args.model_vocab / name, model_dir / name)
         train, dev = work / "train.json", work / "dev.json"
         train_data = longest_passages(args.train_file, args.passages)
         train.write_text(json.dumps(train_data), encoding="utf-8")
         lengths = convert_examples_to_features(read_squad_file(train).examples, BertTokenizer.from_pretrained(
-            model_dir), SquadSettings(), is_training=True).lengths
+            model_dir), settings, is_training=True).lengths
         dev.write_text(json.dumps(first_passages(args.dev_file, 4)), encoding="utf-8")
         output_dir = args.keep or work / "run"
         command = [sys.executable, "-m", "bertforge", "finetune", "squad", "--train-file", str(train),
@@ -99,10 +102,11 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
-        "benchmark": "squad_memory", "preset": args.preset, "max_seq_length": 384, "doc_stride": 128,
+        "benchmark": "squad_memory", "preset": args.preset, "max_seq_length": settings.max_seq_length,
+        "doc_stride": settings.doc_stride,
         "batch_size": args.batch_size, "max_steps": args.max_steps, "padded": True,
         "train_questions": sum(len(p["qas"]) for a in train_data["data"] for p in a["paragraphs"]),
-        "train_windows": len(lengths), "train_windows_at_384": sum(n == 384 for n in lengths),
+        "train_windows": len(lengths), "train_windows_at_384": sum(n == settings.max_seq_length for n in lengths),
         "peak_rss_gib": round(peak_kib / 2**20, 3), "peak_rss_kib": peak_kib,
         "final_loss": next((s["loss"] for s in reversed(steps) if "loss" in s), None),
         "seconds": round(seconds, 1), "threads": args.threads, "cpu": cpu_model(),
