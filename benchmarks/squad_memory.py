@@ -63,6 +63,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep the run's directory here instead of a temporary one")
     args = parser.parse_args()
+    if not (args.model_vocab / "vocab.txt").is_file():
+        raise SystemExit(f"--model-vocab {args.model_vocab}: no vocab.txt there")
 
     import torch
 
@@ -76,8 +78,6 @@ def main() -> int:
         model_dir = work / "model"
         torch.manual_seed(0)
         BertForPreTraining(BertConfig.preset(args.preset)).save_pretrained(model_dir)
-        if not (args.model_vocab / "vocab.txt").is_file():
-            raise SystemExit(f"--model-vocab {args.model_vocab}: no vocab.txt there")
         for name in ("vocab.txt", "tokenizer_config.json"):
             if (args.model_vocab / name).exists():  # tokenizer_config.json is optional (lower-casing default)
                 shutil.copy(args.model_vocab / name, model_dir / name)
