@@ -3,6 +3,7 @@ user's own files, the best-model selection, lr grid and seeds, and `predict`."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 from pathlib import Path
@@ -17,6 +18,7 @@ from bertforge.tasks.glue import glue_task
 from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneArguments, describe, finetune, finetune_grid
 
+REPO = Path(__file__).resolve().parents[2]
 POSITIVE = ["good", "great", "fine", "lovely", "superb"]
 NEGATIVE = ["bad", "awful", "poor", "dull", "terrible"]
 FILLER = ["the", "film", "was", "a", "plot", "very", "quite", "story", "and", "it"]
@@ -216,3 +218,25 @@ def test_unpadded_training_follows_the_padded_path(tiny_model, sst2_dir, tmp_pat
     assert losses[True] == pytest.approx(losses[False], abs=1e-5)
     accuracies = {unpad: [r["eval_accuracy"] for r in log if "eval_accuracy" in r] for unpad, log in logs.items()}
     assert accuracies[True] == accuracies[False]
+
+
+def test_random_init_script_copies_config_and_vocabulary_not_weights(tiny_model, tmp_path):
+    """The control arm of the pre-trained-vs-random comparison: same architecture and tokenizer,
+    BERT's initialisation, reproducible for a seed, and loadable by every task head."""
+    spec = importlib.util.spec_from_file_location("random_init", REPO / "scripts" / "random_init.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for name, seed in (("a", 3), ("b", 3), ("c", 4)):  # the fixture itself was drawn with seed 0
+        assert module.main(["--like", str(tiny_model), "--output-dir", str(tmp_path / name), "--seed", str(seed)]) == 0
+    assert BertConfig.from_pretrained(tmp_path / "a").to_dict() == BertConfig.from_pretrained(tiny_model).to_dict() | {
+        "architectures": ["BertForPreTraining"]}
+    assert (tmp_path / "a" / "vocab.txt").read_bytes() == (tiny_model / "vocab.txt").read_bytes()
+    weights = {name: BertModel.from_pretrained(tmp_path / name).embeddings.word_embeddings.weight
+               for name in ("a", "b", "c")}
+    original = BertModel.from_pretrained(tiny_model).embeddings.word_embeddings.weight
+    assert torch.equal(weights["a"], weights["b"]) and not torch.equal(weights["a"], weights["c"])
+    assert not torch.equal(weights["a"], original)
+    assert weights["a"].std().item() == pytest.approx(0.0176, abs=0.003)  # truncated normal, std 0.02 before cutting
+    BertForSequenceClassification.from_pretrained(tmp_path / "a", num_labels=2)
+    with pytest.raises(SystemExit, match="no vocab.txt"):
+        module.main(["--like", str(tmp_path), "--output-dir", str(tmp_path / "d")])
