@@ -11,7 +11,6 @@ initialisation (truncated normal, std `initializer_range`; LayerNorm 1/0), drawn
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -19,21 +18,19 @@ import torch
 
 from bertforge.modeling.config import BertConfig
 from bertforge.modeling.heads import BertForPreTraining
+from bertforge.tokenization import BertTokenizer
 
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json")
 
-
-def random_copy(like: Path, output_dir: Path, seed: int) -> Path:
-    """Save a `BertForPreTraining` with `like`'s config and fresh weights, plus `like`'s tokenizer files."""
+def random_copy(like: Path, output_dir: Path, seed: int) -> BertConfig:
+    """Save a `BertForPreTraining` with `like`'s config and fresh weights, and `like`'s tokenizer."""
     if not (like / "vocab.txt").is_file():
         raise FileNotFoundError(f"{like}: no vocab.txt (the copy must tokenize as the original does)")
+    tokenizer = BertTokenizer.from_pretrained(like)  # checks the vocabulary before any weights are written
     config = BertConfig.from_pretrained(like)
     torch.manual_seed(seed)
     BertForPreTraining(config).save_pretrained(output_dir)
-    for name in TOKENIZER_FILES:
-        if (like / name).is_file():  # tokenizer_config.json is optional
-            shutil.copy(like / name, output_dir / name)
-    return output_dir
+    tokenizer.save_pretrained(output_dir)
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,11 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
-        out = random_copy(args.like, args.output_dir, args.seed)
+        config = random_copy(args.like, args.output_dir, args.seed)
     except (FileNotFoundError, ValueError) as error:
         sys.exit(f"error: {error}")
-    config = BertConfig.from_pretrained(out)
-    print(f"wrote {out}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, seed {args.seed}")
+    print(f"wrote {args.output_dir}: {config.num_hidden_layers} layers, hidden {config.hidden_size}, seed {args.seed}")
     return 0
 
 
