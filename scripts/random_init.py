@@ -25,6 +25,8 @@ def random_copy(like: Path, output_dir: Path, seed: int) -> BertConfig:
     """Save a `BertForPreTraining` with `like`'s config and fresh weights, and `like`'s tokenizer."""
     if not (like / "vocab.txt").is_file():
         raise FileNotFoundError(f"{like}: no vocab.txt (the copy must tokenize as the original does)")
+    if (output_dir / "config.json").exists():
+        raise ValueError(f"{output_dir} already holds a model: choose another --output-dir")
     tokenizer = BertTokenizer.from_pretrained(like)  # checks the vocabulary before any weights are written
     config = BertConfig.from_pretrained(like)
     torch.manual_seed(seed)

@@ -240,3 +240,7 @@ def test_random_init_script_copies_config_and_vocabulary_not_weights(tiny_model,
     BertForSequenceClassification.from_pretrained(tmp_path / "a", num_labels=2)
     with pytest.raises(SystemExit, match="no vocab.txt"):
         module.main(["--like", str(tmp_path), "--output-dir", str(tmp_path / "d")])
+    before = (tmp_path / "a" / "model.safetensors").read_bytes()
+    with pytest.raises(SystemExit, match="already holds a model"):
+        module.main(["--like", str(tiny_model), "--output-dir", str(tmp_path / "a"), "--seed", "5"])
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == before
