@@ -5,17 +5,65 @@
     python benchmarks/glue_table.py runs/ours-rte/summary.json runs/peer-rte.json
     python benchmarks/glue_table.py runs/ours-stsb-grid/summary.json runs/peer-stsb-lr*.json   # a grid
 
+    python benchmarks/glue_table.py runs/ours/summary.json --also-ours runs/ours-more-seeds/summary.json \
+        runs/peer-lr4e-5.json runs/peer-lr4e-5-more-seeds.json                                  # pooled seeds
+
 Prints markdown tables: with a grid, the main metric's mean ± std per learning rate on each side;
 then, at each side's best learning rate (by mean main dev metric, as `--lr-grid` picks it), mean ±
 std per metric with the goal (bertforge's mean ≥ the peer's mean − ½ the peer's std), then each
 seed's scores. Values in points (×100).
+
+Seeds run at different times pool: `--also-ours` adds the runs of more bertforge summaries, and peer
+files with the same learning rate are merged; a (learning rate, seed) given twice keeps the later
+file's run. Statistics are then recomputed over the pooled runs (sample std, as bertforge's).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+
+
+def describe(values: list[float]) -> dict:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    names = sorted(set.intersection(*(set(run["metrics"]) for run in runs)))
+    return {name: describe([run["metrics"][name] for run in runs]) for name in names}
+
+
+def pool_ours(summaries: list[dict]) -> dict:
+    """One bertforge summary from several: runs keyed by (lr, seed), statistics per lr recomputed."""
+    if len(summaries) == 1:
+        return summaries[0]
+    first = summaries[0]
+    runs = {}
+    for summary in summaries:
+        for run in summary["runs"]:
+            runs[(float(run["lr"]), run["seed"])] = run
+    main_metric = first["main_metric"]
+    by_lr = {f"{lr:g}": summarize([r for (l, _), r in sorted(runs.items()) if l == lr])
+             for lr in sorted({lr for lr, _ in runs}, reverse=True)}
+    best = max(by_lr, key=lambda lr: by_lr[lr][main_metric]["mean"])
+    return {**first, "by_lr": by_lr, "best_lr": float(best), "metrics": by_lr[best],
+            "runs": [run for _, run in sorted(runs.items())]}
+
+
+def pool_peers(peers: list[dict]) -> list[dict]:
+    """One peer result per learning rate, runs keyed by seed, statistics recomputed."""
+    by_lr: dict[float, dict] = {}
+    for peer in peers:
+        pooled = by_lr.setdefault(peer["lr"], {**peer, "runs": []})
+        seeds = {run["seed"] for run in peer["runs"]}
+        pooled["runs"] = [run for run in pooled["runs"] if run["seed"] not in seeds] + peer["runs"]
+    for pooled in by_lr.values():
+        pooled["runs"].sort(key=lambda run: run["seed"])
+        pooled["summary"] = summarize(pooled["runs"])
+    return list(by_lr.values())
 
 
 def points(value: float) -> str:
@@ -25,10 +73,12 @@ def points(value: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ours", type=Path, help="bertforge's summary.json")
-    parser.add_argument("peer", type=Path, nargs="+", help="glue_peer.py's JSON output, one per learning rate")
+    parser.add_argument("peer", type=Path, nargs="+", help="glue_peer.py's JSON output (one or more per learning rate)")
+    parser.add_argument("--also-ours", type=Path, action="append", default=[], metavar="SUMMARY",
+                        help="another bertforge summary.json whose runs pool with the first's (repeatable)")
     args = parser.parse_args()
-    ours = json.loads(args.ours.read_text())
-    peers = [json.loads(path.read_text().strip().splitlines()[-1]) for path in args.peer]
+    ours = pool_ours([json.loads(path.read_text()) for path in [args.ours, *args.also_ours]])
+    peers = pool_peers([json.loads(path.read_text().strip().splitlines()[-1]) for path in args.peer])
     task = ours["task"].upper()
     main_metric = ours.get("main_metric") or next(iter(ours["metrics"]))
     peer = max(peers, key=lambda p: p["summary"][main_metric]["mean"])

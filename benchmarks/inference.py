@@ -9,7 +9,10 @@ eval mode, `torch.inference_mode()`, `--threads` threads:
   ours         bertforge BertModel, fp32, unpadded (`optimize_for_inference(model, unpad=True)`)
   ours_padded  bertforge BertModel, fp32, padded (not in the default set)
   bf16         bertforge, bfloat16 weights and activations, unpadded
-  int8         bertforge, int8 dynamic quantization of the encoder's linear layers, unpadded
+  int8         bertforge, int8 dynamic quantization of the encoder's linear layers, unpadded, with
+               bertforge's default quantized engine (oneDNN on CPUs with AMX, else FBGEMM)
+  int8_x86     the same on torch's "x86" engine (FBGEMM kernels; not in the default set)
+  int8_onednn  the same on torch's "onednn" engine (oneDNN's AMX/VNNI kernels; not in the default set)
   onnx         onnxruntime on the exported encoder (padded batch), only where bertforge's ONNX
                support (`bertforge/serving/onnx.py`) and onnxruntime are present; skipped otherwise
 
@@ -49,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
 MODELS = ("minilm", "base")
 DATASETS = ("sst2", "mrpc")
-VARIANTS = ("peer", "ours", "ours_padded", "bf16", "int8", "onnx")
+VARIANTS = ("peer", "ours", "ours_padded", "bf16", "int8", "int8_x86", "int8_onednn", "onnx")
 DEFAULT_VARIANTS = ("peer", "ours", "bf16", "int8", "onnx")
 
 
@@ -183,8 +186,10 @@ def build_variants(name: str, directory: Path, wanted: list[str], threads: int) 
             variants[variant] = ours(model)
         elif variant == "bf16":
             variants[variant] = ours(optimize_for_inference(BertModel.from_pretrained(directory), dtype="bf16"))
-        elif variant == "int8":
-            variants[variant] = ours(optimize_for_inference(BertModel.from_pretrained(directory), dtype="int8"))
+        elif variant in ("int8", "int8_x86", "int8_onednn"):
+            engine = variant.partition("_")[2] or None
+            variants[variant] = ours(optimize_for_inference(BertModel.from_pretrained(directory), dtype="int8",
+                                                            quantized_engine=engine))
         elif variant == "onnx":
             reason = onnx_available()
             if reason is not None:
@@ -269,6 +274,8 @@ def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats:
             "ours_over_ours_padded": ratio(rates, "ours", "ours_padded"),
             "bf16_over_ours": ratio(rates, "bf16", "ours"),
             "int8_over_ours": ratio(rates, "int8", "ours"),
+            "int8_x86_over_ours": ratio(rates, "int8_x86", "ours"),
+            "int8_onednn_over_ours": ratio(rates, "int8_onednn", "ours"),
             "ours_over_onnx": ratio(rates, "ours", "onnx"),
         }.items() if value is not None},
         "max_abs_diff_vs_peer": diffs,
@@ -311,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from bertforge.modeling.bert import onednn_linear_op
-    from bertforge.modeling.inference import cpu_has_bf16, cpu_has_vnni
+    from bertforge.modeling.inference import cpu_has_bf16, cpu_has_vnni, default_quantized_engine
     from bertforge.tokenization import BertTokenizer
 
     load_before = load_average()
@@ -340,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_bf16": cpu_has_bf16(),
         "cpu_vnni": cpu_has_vnni(),
         "bertforge_onednn_linear": onednn_linear_op() is not None,
+        "int8_default_engine": default_quantized_engine(),
         "batch_size": args.batch_size,
         "max_length": args.max_length,
         "limit_batches": args.limit,

@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model", required=True, help="a fine-tuned `bertforge finetune glue` output")
     parser.add_argument("--task", required=True)
     parser.add_argument("--data-dir", required=True)
-    parser.add_argument("--dtypes", default="fp32,bf16,int8")
+    parser.add_argument("--dtypes", default="fp32,bf16,int8",
+                        help="comma-separated: fp32 (the reference, first), bf16, int8 (bertforge's default "
+                             "engine), int8_x86, int8_onednn")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -54,7 +56,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     results, reference = {}, None
     for dtype in args.dtypes.split(","):
-        model = optimize_for_inference(BertForSequenceClassification.from_pretrained(args.model), dtype=dtype)
+        # "int8_onednn", "int8_x86": int8 with its weights packed for that torch quantized engine
+        base, _, engine = dtype.partition("_")
+        model = optimize_for_inference(BertForSequenceClassification.from_pretrained(args.model), dtype=base,
+                                       quantized_engine=engine or None)
         with torch.inference_mode():
             predict_features(model, features[:args.batch_size], args.batch_size, pad_id)  # warm-up
             start = time.perf_counter()

@@ -75,6 +75,8 @@ class Server:
             command.append("--no-micro-batching")
         if args.num_threads:
             command += ["--num-threads", str(args.num_threads)]
+        if args.dtype:
+            command += ["--dtype", args.dtype]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + args.startup_timeout
         while True:
@@ -235,11 +237,12 @@ def main() -> None:
     parser.add_argument("--bad-requests", type=int, default=100, help="requests of each bad kind")
     parser.add_argument("--modes", default="batched,unbatched", help="comma-separated: batched, unbatched")
     parser.add_argument("--num-threads", type=int, help="torch threads in the server")
+    parser.add_argument("--dtype", choices=("fp32", "bf16", "int8"), help="the server's --dtype (default: its own, fp32)")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
     args = parser.parse_args()
 
     sentences = read_sentences(args.data)
-    result: dict = {"benchmark": "serve_load", "model": str(args.model), "data": str(args.data),
+    result: dict = {"benchmark": "serve_load", "model": str(args.model), "dtype": args.dtype or "fp32", "data": str(args.data),
                     "sentences": len(sentences), "clients": args.clients, "duration_s": args.duration,
                     "max_batch_size": args.max_batch_size, "max_wait_ms": args.max_wait_ms,
                     "torch_threads_env": os.environ.get("OMP_NUM_THREADS")}

@@ -34,6 +34,7 @@ from ..modeling import (
     BertForSequenceClassification,
     BertForTokenClassification,
     BertModel,
+    optimize_for_inference,
 )
 from ..tasks.windows import max_context_window
 from ..tasks.windows import windows as _windows
@@ -233,6 +234,13 @@ class Pipeline:
             model_max_length, at most the model's position embeddings).
         onnx_model: an exported .onnx file for backend="onnx" (default: export in memory now).
         runner: a callable that replaces the backend (tests, custom runtimes).
+        dtype: backend="torch" only: "fp32" (exact), "bf16" (CPUs with AVX-512 BF16/AMX, GPUs),
+            "fp16" (GPUs) or "int8" (CPU: int8 linear layers), applied with
+            `bertforge.modeling.optimize_for_inference`; results move by what each costs in accuracy
+            (BENCHMARKS.md, RESULTS.md). None (default): as loaded, float32 from a checkpoint.
+        unpad: backend="torch" only: run the encoder on the real tokens of each batch, not the padding
+            (exact to float rounding; the server's micro-batches mix lengths, where it pays most).
+            A model instance passed in is changed in place by `dtype` and `unpad`.
     """
 
     task: str = ""
@@ -250,7 +258,9 @@ class Pipeline:
     def __init__(self, model: str | os.PathLike | nn.Module, tokenizer: BertTokenizer | None = None,
                  backend: str = "torch", device: str | torch.device | None = None,
                  max_length: int | None = None, onnx_model: str | os.PathLike | bytes | None = None,
-                 runner: Runner | None = None):
+                 runner: Runner | None = None, dtype: str | None = None, unpad: bool = True):
+        if backend == "onnx" and dtype not in (None, "fp32"):
+            raise ValueError(f"dtype={dtype!r} is for backend='torch'; the ONNX graph is exported in float32")
         if isinstance(model, nn.Module):
             if tokenizer is None:
                 raise ValueError("a model instance needs its tokenizer (tokenizer=...)")
@@ -273,6 +283,13 @@ class Pipeline:
         elif backend == "torch":
             if module is None:
                 module = self.model_class.from_pretrained(self.model_dir)
+            module = module.to(self.device)
+            if dtype is not None:
+                optimize_for_inference(module, dtype=dtype, unpad=unpad)
+            else:  # keep the weights as they are (a model instance may be bf16 or int8 already)
+                for encoder in module.modules():
+                    if isinstance(encoder, BertModel):
+                        encoder.unpad = unpad
             self.runner = TorchRunner(self.build_graph(module), self.input_names, self.output_names, self.device)
         elif backend == "onnx":
             from .onnx import check_parity, export_onnx_bytes, onnx_runner

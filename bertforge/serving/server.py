@@ -64,6 +64,7 @@ class ServerSettings:
     max_chars: int = 10_000  # characters per input text
     model: str = ""
     backend: str = "torch"
+    dtype: str = "fp32"
 
 
 class ApiError(Exception):
@@ -427,6 +428,7 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
                 entry["labels"] = [pipe.config.id2label[i] for i in sorted(pipe.config.id2label)]
             info[task] = entry
         return JSONResponse({"status": "ok", "model": settings.model, "backend": settings.backend,
+                             "dtype": settings.dtype,
                              "pipelines": info, "limits": {"max_body_bytes": settings.max_body_bytes,
                                                            "max_texts": settings.max_texts,
                                                            "max_chars": settings.max_chars}})
@@ -456,30 +458,31 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
 
 
 def load_pipelines(model: str, tasks: Sequence[str] | None = None, backend: str = "torch", device: str | None = None,
-                   max_length: int | None = None, onnx_model: str | None = None) -> dict[str, Pipeline]:
-    """The pipelines to serve (default: the one the checkpoint was trained for)."""
+                   max_length: int | None = None, onnx_model: str | None = None,
+                   dtype: str | None = None) -> dict[str, Pipeline]:
+    """The pipelines to serve (default: the one the checkpoint was trained for); `dtype`: see `Pipeline`."""
     names = [resolve_task(t) for t in (tasks or [task_for_checkpoint(model)])]
     if onnx_model is not None and len(names) > 1:
         raise ValueError("--onnx-model holds one task's graph: serve one --task with it")
     return {name: pipeline(name, model=model, backend=backend, device=device, max_length=max_length,
-                           onnx_model=onnx_model) for name in dict.fromkeys(names)}
+                           onnx_model=onnx_model, dtype=dtype) for name in dict.fromkeys(names)}
 
 
 def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1", port: int = 8000,
           settings: ServerSettings | None = None, backend: str = "torch", device: str | None = None,
           max_length: int | None = None, onnx_model: str | None = None, log_level: str = "info",
-          graceful_timeout: float = 30.0) -> None:
+          graceful_timeout: float = 30.0, dtype: str | None = None) -> None:
     """Load the model (exiting non-zero with the reason if it cannot) and serve until SIGINT/SIGTERM."""
     import uvicorn
 
     settings = settings or ServerSettings()
-    settings.model, settings.backend = str(model), backend
+    settings.model, settings.backend, settings.dtype = str(model), backend, dtype or "fp32"
     try:
-        pipelines = load_pipelines(model, tasks, backend, device, max_length, onnx_model)
+        pipelines = load_pipelines(model, tasks, backend, device, max_length, onnx_model, dtype)
     except Exception as error:  # noqa: BLE001 - any failure to load ends the process with the reason
         print(f"bertforge serve: error: cannot load {model}: {type(error).__name__}: {error}", file=sys.stderr)
         raise SystemExit(1) from None
-    logger.info("serving %s (%s) on http://%s:%d", ", ".join(pipelines), backend, host, port)
+    logger.info("serving %s (%s, %s) on http://%s:%d", ", ".join(pipelines), backend, settings.dtype, host, port)
     app = create_app(pipelines, settings)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=graceful_timeout, lifespan="on")

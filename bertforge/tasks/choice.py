@@ -301,18 +301,19 @@ def multiple_choice_task(model_dir: str | os.PathLike, train_file: str | os.Path
 
 
 def predict_choice_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, output_file: str | os.PathLike,
-                        *, max_seq_length: int = 128, batch_size: int = 32) -> Path:
+                        *, max_seq_length: int = 128, batch_size: int = 32, dtype: str | None = None) -> Path:
     """Predictions of a fine-tuned multiple-choice model for a SWAG-layout file (labelled or not).
 
     Writes TSV `index<TAB>prediction<TAB>score`: the file's row id (SWAG's unnamed first column), the
-    predicted ending's number, and its probability. Returns the written path.
+    predicted ending's number, and its probability. Returns the written path. `dtype`: see
+    `bertforge.modeling.load_for_inference`.
     """
-    from ..modeling import BertForMultipleChoice
+    from ..modeling import BertForMultipleChoice, load_for_inference
     from ..tokenization import BertTokenizer
 
     examples = read_swag_file(input_file, require_labels=False)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
-    model = BertForMultipleChoice.from_pretrained(model_dir)
+    model = load_for_inference(BertForMultipleChoice, model_dir, dtype)
     features = convert_examples_to_features(examples, tokenizer, max_seq_length)
     for feature in features:
         feature["label"] = None  # prediction ignores any labels in the file

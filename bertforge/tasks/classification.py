@@ -552,7 +552,7 @@ def classification_task(name: str, model_dir: str | os.PathLike, train_examples:
 
 def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, output_file: str | os.PathLike, *,
                  task: str | None = None, max_seq_length: int = 128, batch_size: int = 128,
-                 long_input: str | None = None, window_stride: int | None = None) -> Path:
+                 long_input: str | None = None, window_stride: int | None = None, dtype: str | None = None) -> Path:
     """Predictions of a fine-tuned sequence classifier for a file; returns the written path.
 
     The task comes from the model (`finetuning_task` in its config.json, written by `bertforge finetune`)
@@ -562,8 +562,9 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
     (the probability of the predicted label; the predicted value for regression).
     `long_input="windows"` classifies a long input by the mean logits of its windows (see `classification_task`);
     `long_input` and `window_stride` default to what the model was fine-tuned with (config.json), else "truncate".
+    `dtype` ("fp32", "bf16", "int8"): run the model through `optimize_for_inference` (None: as saved, padded).
     """
-    from ..modeling import BertConfig, BertForSequenceClassification
+    from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
     from ..tokenization import BertTokenizer
     from .glue import get_task, read_glue_file, write_predictions
 
@@ -596,7 +597,7 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
     else:
         examples, _ = read_classify_file(input_file, regression, label_list=label_list, require_labels=False)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
-    model = BertForSequenceClassification.from_pretrained(model_dir)
+    model = load_for_inference(BertForSequenceClassification, model_dir, dtype)
     features = _convert([InputExample(e.guid, e.text_a, e.text_b) for e in examples], tokenizer, label_list,
                         max_seq_length, long_input, window_stride)
     logits = predict_examples(model, features, batch_size, tokenizer.vocab.get("[PAD]", 0))

@@ -524,8 +524,8 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
 
 # ---------------------------------------------------------------------------- a fine-tuned model's answers
 
-def _load(model_dir: str | os.PathLike, overrides: dict[str, Any]):
-    from ..modeling import BertConfig, BertForQuestionAnswering
+def _load(model_dir: str | os.PathLike, overrides: dict[str, Any], dtype: str | None = None):
+    from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
     from ..tokenization import BertTokenizer
 
     config = BertConfig.from_pretrained(model_dir)
@@ -534,7 +534,8 @@ def _load(model_dir: str | os.PathLike, overrides: dict[str, Any]):
     settings = SquadSettings(**{**{k: v for k, v in stored.items() if k in known},
                                 **{k: v for k, v in overrides.items() if v is not None}})
     v2 = bool(config.extra.get("version_2_with_negative", False))
-    return BertForQuestionAnswering.from_pretrained(model_dir), BertTokenizer.from_pretrained(model_dir), settings, v2
+    model = load_for_inference(BertForQuestionAnswering, model_dir, dtype)
+    return model, BertTokenizer.from_pretrained(model_dir), settings, v2
 
 
 def _predict(model, tokenizer, settings: SquadSettings, v2: bool, examples: list[SquadExample],
@@ -547,14 +548,15 @@ def _predict(model, tokenizer, settings: SquadSettings, v2: bool, examples: list
 
 
 def answer_questions(model_dir: str | os.PathLike, questions: Sequence[str], contexts: Sequence[str], *,
-                     batch_size: int = 32, **settings: Any) -> list[dict]:
+                     batch_size: int = 32, dtype: str | None = None, **settings: Any) -> list[dict]:
     """Each question's answer in its context with a model from `bertforge finetune squad`:
     `{"answer", "start", "end", "probability", "null_odds"}` (character offsets into the context;
     `answer` "" with start/end None when a v2.0 model says there is none). `settings` override the
-    model's stored `SquadSettings` (e.g. `null_score_diff_threshold=1.5`)."""
+    model's stored `SquadSettings` (e.g. `null_score_diff_threshold=1.5`); `dtype`: see
+    `bertforge.modeling.load_for_inference`."""
     if len(questions) != len(contexts):
         raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
-    model, tokenizer, resolved, v2 = _load(model_dir, settings)
+    model, tokenizer, resolved, v2 = _load(model_dir, settings, dtype)
     examples = [SquadExample(str(i), q, c, paragraph=i) for i, (q, c) in enumerate(zip(questions, contexts))]
     predictions = _predict(model, tokenizer, resolved, v2, examples, batch_size)
     answers = []
@@ -567,13 +569,14 @@ def answer_questions(model_dir: str | os.PathLike, questions: Sequence[str], con
 
 
 def predict_squad_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, output_file: str | os.PathLike,
-                       *, batch_size: int = 32, **settings: Any) -> dict[str, Any] | None:
+                       *, batch_size: int = 32, dtype: str | None = None, **settings: Any) -> dict[str, Any] | None:
     """Answers for a SQuAD JSON file: `output_file` gets {id: answer}; `nbest_predictions.json` and, for
     v2.0, `null_odds.json` go beside it with the output's name as prefix (`OUT.nbest.json`,
-    `OUT.null_odds.json`). Returns the official script's results (percent) when the file has answers."""
+    `OUT.null_odds.json`). Returns the official script's results (percent) when the file has answers.
+    `dtype`: see `bertforge.modeling.load_for_inference`."""
     from ..metrics.squad import evaluate_v1, evaluate_v2
 
-    model, tokenizer, resolved, v2 = _load(model_dir, settings)
+    model, tokenizer, resolved, v2 = _load(model_dir, settings, dtype)
     data = read_squad_file(input_file, require_answers=False)
     predictions = _predict(model, tokenizer, resolved, v2, data.examples, batch_size)
     output_file = Path(output_file)

@@ -463,24 +463,27 @@ def _looks_labelled(path: Path, labels: Sequence[str]) -> bool:
 
 def predict_conll(model_dir: str | os.PathLike, input_file: str | os.PathLike, output_file: str | os.PathLike, *,
                   document_context: bool | None = None, max_seq_length: int | None = None,
-                  batch_size: int = 128) -> tuple[Path, dict[str, float] | None]:
+                  batch_size: int = 128, dtype: str | None = None) -> tuple[Path, dict[str, float] | None]:
     """Tag a CoNLL file with a fine-tuned NER model (or a feature-based one); returns the written path and,
     when the input's last column holds gold tags, `ner_metrics` against them.
 
     The output is the input's columns plus the predicted tag (conlleval's input format for a labelled
     file). Windowing follows how the model was trained (config.json) unless `document_context` /
     `max_seq_length` are given. An unlabelled input may have any number of columns (the word first).
+    `dtype`: see `bertforge.modeling.load_for_inference` (fine-tuned models only).
     """
     config = read_model_config(model_dir)
     if "feature_based" in config:
+        if dtype is not None:
+            raise ValueError(f"{model_dir} is a feature-based tagger: dtype applies to fine-tuned models only")
         from .feature_based import predict_conll_feature_based
 
         return predict_conll_feature_based(model_dir, input_file, output_file, document_context=document_context,
                                            max_seq_length=max_seq_length, batch_size=batch_size)
-    from ..modeling import BertForTokenClassification
+    from ..modeling import BertForTokenClassification, load_for_inference
     from ..tokenization import BertTokenizer
 
-    model = BertForTokenClassification.from_pretrained(model_dir)
+    model = load_for_inference(BertForTokenClassification, model_dir, dtype)
     id2label = model.config.id2label or {i: f"LABEL_{i}" for i in range(model.config.num_labels)}
     document_context = config.get(CONFIG_DOCUMENT_CONTEXT, False) if document_context is None else document_context
     max_seq_length = max_seq_length or config.get(CONFIG_MAX_SEQ_LENGTH, 128)

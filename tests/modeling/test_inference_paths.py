@@ -27,7 +27,7 @@ from bertforge.modeling import (
     optimize_for_inference,
 )
 from bertforge.modeling.bert import Packing
-from bertforge.modeling.inference import cpu_has_vnni
+from bertforge.modeling.inference import cpu_has_vnni, default_quantized_engine
 
 TOL = 1e-5
 BATCH = 32
@@ -247,13 +247,21 @@ def test_bf16_runs_and_stays_close(minilm_dir, minilm, real_batches):
         assert cosine.min() >= 0.999, cosine.min()
 
 
+ENGINES = [None] + [e for e in ("x86", "onednn") if e in torch.backends.quantized.supported_engines]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
 @torch.inference_mode()
-def test_int8_runs_and_stays_close(minilm_dir, minilm, real_batches):
+def test_int8_runs_and_stays_close(minilm_dir, minilm, real_batches, engine):
     """int8 weights (per channel) and activations (per tensor, per call). Measured on SST-2 with 8-bit
     activations (VNNI CPUs): max abs diff ~0.5, sentence cosine ≥ 0.985; with 7 bits (no VNNI): ~1.0,
-    ≥ 0.94. Checked: cosine ≥ 0.97 (0.9 with 7 bits), and every Linear of the encoder quantized."""
-    model = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype="int8")
+    ≥ 0.94. Checked: cosine ≥ 0.97 (0.9 with 7 bits), and every Linear of the encoder quantized, with
+    torch's default quantized engine and with oneDNN's (the global engine left as it was)."""
+    global_engine = torch.backends.quantized.engine
+    model = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype="int8", quantized_engine=engine)
+    assert torch.backends.quantized.engine == global_engine
     layer = model.encoder.layer[0]
+    assert layer.attention.self.qkv.engine == (engine or default_quantized_engine())
     assert isinstance(layer.attention.self.qkv, Int8Linear) and layer.attention.self.query is None
     assert all(isinstance(module.dense, Int8Linear)
                for module in (layer.attention.output, layer.intermediate, layer.output, model.pooler))
@@ -311,6 +319,10 @@ def test_bad_arguments_say_what_is_wrong():
         optimize_for_inference(model, dtype="fp16")
     with pytest.raises(ValueError, match="not supported with dtype='int8'"):
         optimize_for_inference(model, dtype="int8", compile=True)
+    with pytest.raises(ValueError, match="applies to dtype='int8' only"):
+        optimize_for_inference(model, dtype="fp32", quantized_engine="onednn")
+    with pytest.raises(ValueError, match="quantized engine 'tpu' is not available"):
+        optimize_for_inference(model, dtype="int8", quantized_engine="tpu")
     optimize_for_inference(model, dtype="int8")
     optimize_for_inference(model, dtype="int8")  # again: nothing left to do
     with pytest.raises(ValueError, match="already int8"):

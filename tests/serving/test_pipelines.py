@@ -71,6 +71,28 @@ def test_classify_pairs_and_regression(tiny_dirs):
     assert all(set(r) == {"score"} and isinstance(r["score"], float) for r in results)
 
 
+def test_unpad_by_default_and_dtype(tiny_dirs):
+    """The encoder runs unpadded unless told not to (the same scores to float rounding); `dtype` goes
+    through optimize_for_inference (torch backend only)."""
+    from bertforge.modeling import BertModel, Int8Linear
+
+    padded = pipeline("classify", model=tiny_dirs["classify"], unpad=False)
+    unpadded = pipeline("classify", model=tiny_dirs["classify"])
+    int8 = pipeline("classify", model=tiny_dirs["classify"], dtype="int8")
+    encoders = lambda pipe: [m for m in pipe.runner.graph.modules() if isinstance(m, BertModel)]  # noqa: E731
+    assert [e.unpad for e in encoders(padded)] == [False] and [e.unpad for e in encoders(unpadded)] == [True]
+    assert any(isinstance(m, Int8Linear) for m in int8.runner.graph.modules())
+    pairs = ["the movie", "a film", "it", "the story of a film", "x"]
+    reference = padded(SENTENCES, text_pairs=pairs)
+    for other, tolerance in ((unpadded, 1e-5), (int8, 0.05)):
+        for a, b in zip(reference, other(SENTENCES, text_pairs=pairs)):
+            assert b["scores"]["positive"] == pytest.approx(a["scores"]["positive"], abs=tolerance)
+    with pytest.raises(ValueError, match="backend='torch'"):
+        pipeline("classify", model=tiny_dirs["classify"], backend="onnx", dtype="int8")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        pipeline("classify", model=tiny_dirs["classify"], dtype="fp64")
+
+
 def test_truncation_to_max_length(tiny_dirs):
     pipe = pipeline("classify", model=tiny_dirs["classify"], max_length=16)
     long = "the film " * 200

@@ -40,6 +40,7 @@ def test_health_page_and_metrics(client):
     health = client.get("/health").json()
     assert health["status"] == "ok" and set(health["pipelines"]) == {"fill-mask", "classify", "tag", "answer", "embed"}
     assert health["pipelines"]["classify"]["labels"] == ["negative", "positive"]
+    assert health["backend"] == "torch" and health["dtype"] == "fp32"
     assert health["pipelines"]["answer"]["inputs"] == ["questions", "contexts"]
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]

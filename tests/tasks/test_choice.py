@@ -181,6 +181,9 @@ def test_tiny_finetune_learns_and_predicts(tiny_dir, tmp_path):
     assert main(["predict", "--model", str(out), "--input", str(dev), "--output", str(tmp_path / "cli.tsv"),
                  "--max-seq-length", "32"]) == 0
     assert (tmp_path / "cli.tsv").read_text() == path.read_text()
+    unpadded = predict_choice_file(out, dev, tmp_path / "fp32.tsv", max_seq_length=32, dtype="fp32")
+    assert [line.split("\t")[1] for line in unpadded.read_text().splitlines()] == \
+        [line.split("\t")[1] for line in path.read_text().splitlines()]
 
 
 def test_cli_finetune_multiple_choice_on_fixtures(tiny_dir, tmp_path, capsys):

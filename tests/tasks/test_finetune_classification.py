@@ -106,6 +106,14 @@ def test_predict_writes_the_glue_submission_format(tiny_model, sst2_dir, tmp_pat
     assert main(["predict", "--model", str(out), "--input", str(sst2_dir / "test.tsv"),
                  "--output", str(tmp_path / "again.tsv")]) == 0
     assert (tmp_path / "again.tsv").read_text() == (out / "SST-2.tsv").read_text()
+    # --dtype: unpadded fp32 is the same function; int8 the same format (its labels may move)
+    for dtype in ("fp32", "int8"):
+        assert main(["predict", "--model", str(out), "--input", str(sst2_dir / "test.tsv"),
+                     "--output", str(tmp_path / f"{dtype}.tsv"), "--dtype", dtype]) == 0
+        lines = (tmp_path / f"{dtype}.tsv").read_text().splitlines()
+        assert lines[0] == "index\tprediction" and len(lines) == 11
+        assert all(line.split("\t")[1] in ("0", "1") for line in lines[1:])
+    assert (tmp_path / "fp32.tsv").read_text() == (out / "SST-2.tsv").read_text()
     results = json.loads((out / "eval_results.json").read_text())
     assert set(results) >= {"task", "metrics", "epoch", "step"} and 0 <= results["metrics"]["accuracy"] <= 1
 

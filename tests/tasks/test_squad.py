@@ -370,6 +370,11 @@ def test_cli_finetune_and_predict(tmp_path, tiny_dir, capsys):
                  "--context", "john smith works at acme ."]) == 0
     answer = json.loads(capsys.readouterr().out)
     assert set(answer) == {"answer", "start", "end", "probability", "null_odds"}
+    assert main(["predict", "--model", str(out), "--question", "who works at acme ?",
+                 "--context", "john smith works at acme .", "--dtype", "fp32"]) == 0
+    unpadded = json.loads(capsys.readouterr().out)
+    assert unpadded["answer"] == answer["answer"]
+    assert unpadded["probability"] == pytest.approx(answer["probability"], abs=1e-5)
     assert answer["answer"] == "john smith works at acme ."[answer["start"]:answer["end"]]
     assert main(["predict", "--model", str(out), "--input", str(train), "--output", str(tmp_path / "p.json")]) == 0
     assert set(json.loads((tmp_path / "p.json").read_text())) == {"q1", "q3", "q5", "q6", "q7", "q8"}

@@ -274,6 +274,8 @@ def test_finetune_beats_the_majority_class_and_predict_writes_conll(tiny_model, 
     path, metrics = predict_conll(out, dev, tmp_path / "dev_pred.txt")
     assert metrics["f1"] == pytest.approx(results["metrics"]["f1"])
     assert path.read_text() == (out / "dev_predictions.txt").read_text()
+    path, _ = predict_conll(out, dev, tmp_path / "dev_pred_fp32.txt", dtype="fp32")  # unpadded: the same tags
+    assert path.read_text() == (out / "dev_predictions.txt").read_text()
 
 
 def test_ner_task_trains_through_the_engine_with_a_token_level_loss(tiny_model, toy_files, tmp_path):
@@ -325,3 +327,5 @@ def test_feature_based_bilstm_trains_on_cached_features_and_predicts(tiny_model_
     path, metrics = predict_conll(out, dev, tmp_path / "pred.txt")
     assert metrics["f1"] == pytest.approx(results["metrics"]["f1"])
     assert path.read_text() == (out / "dev_predictions.txt").read_text()
+    with pytest.raises(ValueError, match="feature-based"):
+        predict_conll(out, dev, tmp_path / "pred8.txt", dtype="int8")
