@@ -12,7 +12,7 @@ and the per-epoch dev evaluation, not process start-up or tokenization), and the
 each is reported beside it (the best epoch's, as both keep their best epoch).
 
 Exactly one JSON line goes to stdout; progress goes to stderr. On 2 cores of an Intel Xeon the
-defaults take about 2.5 hours, most of it the peer's SST-2 epoch (~1.6 h: 2,105 steps padded to 128).
+defaults take about 2 hours, most of it the peer's SST-2 epoch (5,238 s: 2,105 steps padded to 128).
 """
 
 from __future__ import annotations
