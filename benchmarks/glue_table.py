@@ -15,20 +15,16 @@ seed's scores. Values in points (×100).
 
 Seeds run at different times pool: `--also-ours` adds the runs of more bertforge summaries, and peer
 files with the same learning rate are merged; a (learning rate, seed) given twice keeps the later
-file's run. Statistics are then recomputed over the pooled runs (sample std, as bertforge's).
+file's run. Statistics are then recomputed over the pooled runs (bertforge's `describe`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
-
-def describe(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "min": min(values), "max": max(values), "n": len(values)}
+from bertforge.training.finetune import describe  # the statistics `--seeds` writes to summary.json
 
 
 def summarize(runs: list[dict]) -> dict:
