@@ -13,6 +13,9 @@ eval mode, `torch.inference_mode()`, `--threads` threads:
                bertforge's default quantized engine (oneDNN on CPUs with AMX, else FBGEMM)
   int8_x86     the same on torch's "x86" engine (FBGEMM kernels; not in the default set)
   int8_onednn  the same on torch's "onednn" engine (oneDNN's AMX/VNNI kernels; not in the default set)
+  *_exact      bf16 or int8 with `row_bucket=0` (the packed length exactly the real tokens; their
+               default rounds it up to a few bucket sizes, `optimize_for_inference`), and
+  *_bucketed   ours (fp32) with `row_bucket=16` (its default is exact); neither in the default set
   onnx         onnxruntime on the exported encoder (padded batch), only where bertforge's ONNX
                support (`bertforge/serving/onnx.py`) and onnxruntime are present; skipped otherwise
 
@@ -52,7 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
 MODELS = ("minilm", "base")
 DATASETS = ("sst2", "mrpc")
-VARIANTS = ("peer", "ours", "ours_padded", "bf16", "int8", "int8_x86", "int8_onednn", "onnx")
+VARIANTS = ("peer", "ours", "ours_padded", "bf16", "int8", "int8_x86", "int8_onednn", "onnx",
+            "ours_bucketed", "bf16_exact", "int8_exact")
 DEFAULT_VARIANTS = ("peer", "ours", "bf16", "int8", "onnx")
 
 
@@ -177,19 +181,25 @@ def build_variants(name: str, directory: Path, wanted: list[str], threads: int) 
 
     variants, skipped = {}, {}
     for variant in wanted:
+        kind, bucket = variant, {}
+        if variant.endswith("_exact"):
+            kind, bucket = variant.removesuffix("_exact"), {"row_bucket": 0}
+        elif variant.endswith("_bucketed"):
+            kind, bucket = variant.removesuffix("_bucketed"), {"row_bucket": 16}
         if variant == "peer":
             peer = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
             variants[variant] = lambda batch, peer=peer: (lambda out: (out.last_hidden_state, out.pooler_output))(
                 peer(**batch))
-        elif variant in ("ours", "ours_padded"):
-            model = optimize_for_inference(BertModel.from_pretrained(directory), unpad=variant == "ours")
+        elif kind in ("ours", "ours_padded"):
+            model = optimize_for_inference(BertModel.from_pretrained(directory), unpad=kind == "ours", **bucket)
             variants[variant] = ours(model)
-        elif variant == "bf16":
-            variants[variant] = ours(optimize_for_inference(BertModel.from_pretrained(directory), dtype="bf16"))
-        elif variant in ("int8", "int8_x86", "int8_onednn"):
-            engine = variant.partition("_")[2] or None
+        elif kind == "bf16":
+            variants[variant] = ours(optimize_for_inference(BertModel.from_pretrained(directory), dtype="bf16",
+                                                            **bucket))
+        elif kind in ("int8", "int8_x86", "int8_onednn"):
+            engine = kind.partition("_")[2] or None
             variants[variant] = ours(optimize_for_inference(BertModel.from_pretrained(directory), dtype="int8",
-                                                            quantized_engine=engine))
+                                                            quantized_engine=engine, **bucket))
         elif variant == "onnx":
             reason = onnx_available()
             if reason is not None:
@@ -277,6 +287,9 @@ def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats:
             "int8_x86_over_ours": ratio(rates, "int8_x86", "ours"),
             "int8_onednn_over_ours": ratio(rates, "int8_onednn", "ours"),
             "ours_over_onnx": ratio(rates, "ours", "onnx"),
+            "ours_bucketed_over_ours": ratio(rates, "ours_bucketed", "ours"),
+            "bf16_over_bf16_exact": ratio(rates, "bf16", "bf16_exact"),
+            "int8_over_int8_exact": ratio(rates, "int8", "int8_exact"),
         }.items() if value is not None},
         "max_abs_diff_vs_peer": diffs,
     }

@@ -165,18 +165,30 @@ class Packing:
     each group of `count` examples of `length` tokens is the contiguous rows `start` to
     `start + count * length` of the packed sequence and runs through one attention call as a
     (count, A, length, D) batch, without padding and without copying it out.
+
+    `row_bucket` > 0 appends `extra_rows` filler rows after the real tokens to round the packed
+    length up to a bucket: a multiple of max(row_bucket, 2^⌊log2 T⌋ / 8), so at most 1/8 more rows
+    (row_bucket at most for short batches) and about 8 distinct lengths per doubling of T. The
+    filler rows belong to no group (attend to nothing, are attended by nothing), their attention
+    context is zero, and `unpack` drops them. Why: oneDNN (the bf16 and int8 matmuls) builds and
+    caches a kernel per matrix shape, and the allocator keeps blocks of every size it has served,
+    so a server whose every batch has a new T keeps building kernels and growing its memory.
     """
 
     batch: int
     seq_length: int
-    index: torch.Tensor  # (T,) int64: b * S + s, the place of each packed token in the padded (B·S) layout
-    positions: torch.Tensor  # (T,) int64: s, its position id (its column, as in the padded path)
+    index: torch.Tensor  # (T + extra_rows,) int64: b * S + s, each packed row's place in the padded (B·S) layout
+    positions: torch.Tensor  # (T + extra_rows,) int64: s, its position id (its column, as in the padded path)
     groups: tuple[tuple[int, int, int], ...]  # (start, count, length) per run of equal-length examples
     is_causal: bool = False
+    extra_rows: int = 0  # filler rows after the T real ones (see `row_bucket`)
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False) -> Packing:
-        """attention_mask: (B, S), 1 = real token, 0 = padding (anywhere in the row, not only at the end)."""
+    def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
+        """attention_mask: (B, S), 1 = real token, 0 = padding (anywhere in the row, not only at the end).
+        row_bucket: 0 packs exactly the real tokens; > 0 rounds their number up (see the class)."""
+        if not isinstance(row_bucket, int) or isinstance(row_bucket, bool) or row_bucket < 0:
+            raise ValueError(f"row_bucket must be an int >= 0, got {row_bucket!r}")
         mask = attention_mask.bool()
         batch, seq_length = mask.shape
         lengths = mask.sum(1)
@@ -190,21 +202,27 @@ class Packing:
             if length:  # an all-padding row has no tokens to attend
                 groups.append((start, count, length))
             start += count * length
-        return cls(batch, seq_length, index, columns, tuple(groups), is_causal)
+        extra = -start % max(row_bucket, (1 << (start.bit_length() - 1)) // 8) if row_bucket and start else 0
+        if extra:  # filler rows repeat the first real token: real ids and positions, never read back
+            index = torch.cat([index, index[:1].expand(extra)])
+            columns = torch.cat([columns, columns[:1].expand(extra)])
+        return cls(batch, seq_length, index, columns, tuple(groups), is_causal, extra)
 
     @property
     def num_tokens(self) -> int:
-        return self.index.shape[0]
+        """T, the real tokens (the packed rows are T + extra_rows)."""
+        return self.index.shape[0] - self.extra_rows
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, S, ...) -> (T, ...): the real tokens."""
+        """(B, S, ...) -> (T + extra_rows, ...): the real tokens, then any filler rows."""
         return x.reshape(self.batch * self.seq_length, *x.shape[2:])[self.index]
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, H) -> (B, S, H), zeros at the padding positions (what the padded path leaves there is
-        arbitrary: no caller may read it)."""
+        """(T + extra_rows, H) -> (B, S, H), zeros at the padding positions (what the padded path
+        leaves there is arbitrary: no caller may read it)."""
         out = x.new_zeros(self.batch * self.seq_length, x.shape[-1])
-        return out.index_copy_(0, self.index, x).view(self.batch, self.seq_length, x.shape[-1])
+        tokens = self.num_tokens
+        return out.index_copy_(0, self.index[:tokens], x[:tokens]).view(self.batch, self.seq_length, x.shape[-1])
 
 
 @dataclass
@@ -375,6 +393,8 @@ class MultiHeadSelfAttention(nn.Module):
             query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
             out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
             context[rows].view(count, length, heads, hidden // heads).copy_(out.transpose(1, 2))
+        if packing.extra_rows:
+            context[tokens - packing.extra_rows:].zero_()
         return context
 
 
@@ -511,6 +531,9 @@ class BertModel(PreTrainedBert):
         # The default of `forward`'s `unpad`: set it (or `optimize_for_inference(model, unpad=True)`)
         # to run a head class's encoder unpadded without changing its calls.
         self.unpad = False
+        # The unpadded path's packed length is rounded up to a bucket (`Packing`, row_bucket): 0 (off)
+        # here; `optimize_for_inference` turns it on for inference.
+        self.unpad_row_bucket = 0
         self.init_weights()
 
     def _inference_fast_path(self, input_ids: torch.Tensor) -> bool:
@@ -585,7 +608,7 @@ class BertModel(PreTrainedBert):
                           workspace: Workspace | None) -> EncoderOutput:
         """The unpadded path: pack (B, S) -> (T,), run every layer on (T, H), scatter back to (B, S, H)."""
         self.embeddings.check_length(input_ids.shape[1])
-        packing = Packing.from_mask(attention_mask, self.config.is_causal)
+        packing = Packing.from_mask(attention_mask, self.config.is_causal, self.unpad_row_bucket)
         hidden = self.embeddings(packing.pack(input_ids),
                                  None if token_type_ids is None else packing.pack(token_type_ids),
                                  position_ids=packing.positions)

@@ -36,6 +36,7 @@ from ..modeling import (
     BertModel,
     optimize_for_inference,
 )
+from ..modeling.inference import default_row_bucket
 from ..tasks.windows import max_context_window
 from ..tasks.windows import windows as _windows
 from ..tokenization import BertTokenizer
@@ -239,7 +240,8 @@ class Pipeline:
             `bertforge.modeling.optimize_for_inference`; results move by what each costs in accuracy
             (BENCHMARKS.md, RESULTS.md). None (default): as loaded, float32 from a checkpoint.
         unpad: backend="torch" only: run the encoder on the real tokens of each batch, not the padding
-            (exact to float rounding; the server's micro-batches mix lengths, where it pays most).
+            (exact to float rounding; the server's micro-batches mix lengths, where it pays most), for
+            bf16/int8 its packed length rounded up to a few sizes (`optimize_for_inference`, row_bucket).
             A model instance passed in is changed in place by `dtype` and `unpad`.
     """
 
@@ -290,6 +292,7 @@ class Pipeline:
                 for encoder in module.modules():
                     if isinstance(encoder, BertModel):
                         encoder.unpad = unpad
+                        encoder.unpad_row_bucket = default_row_bucket(module)
             self.runner = TorchRunner(self.build_graph(module), self.input_names, self.output_names, self.device)
         elif backend == "onnx":
             from .onnx import check_parity, export_onnx_bytes, onnx_runner

@@ -205,6 +205,47 @@ def test_packing_groups_equal_lengths_in_contiguous_rows():
     assert torch.equal(packing.unpack(packing.pack(values)), values * mask[..., None])
 
 
+def test_packing_rounds_rows_up_to_a_bucket():
+    mask = torch.zeros(8, 40, dtype=torch.long)
+    for row, length in enumerate([40, 3, 17, 17, 9, 40, 1, 25]):
+        mask[row, :length] = 1  # T = 152 real tokens
+    exact = Packing.from_mask(mask)
+    bucketed = Packing.from_mask(mask, row_bucket=16)
+    assert exact.extra_rows == 0 and bucketed.num_tokens == exact.num_tokens == 152
+    assert bucketed.extra_rows == 8  # 160 = a multiple of max(16, 128 // 8)
+    assert bucketed.groups == exact.groups and bucketed.positions.shape == (160,)
+    values = torch.randn(8, 40, 1)
+    packed = bucketed.pack(values)
+    assert packed.shape == (160, 1)
+    assert torch.equal(bucketed.unpack(packed), exact.unpack(exact.pack(values)))
+    # Few distinct lengths: every T up to 4096 lands on one of ~60, with at most 1/8 more rows.
+    sizes = set()
+    for tokens in range(1, 4097):
+        rows = tokens + Packing.from_mask(torch.ones(1, tokens), row_bucket=16).extra_rows
+        assert tokens <= rows <= max(tokens + 15, tokens * 9 / 8)
+        sizes.add(rows)
+    assert len(sizes) <= 70
+    with pytest.raises(ValueError, match="row_bucket"):
+        Packing.from_mask(mask, row_bucket=-1)
+
+
+@torch.inference_mode()
+def test_bucketed_rows_leave_outputs_unchanged(minilm, real_batches):
+    """The filler rows attend to nothing and are dropped: the same outputs as the exact packing."""
+    try:
+        for batch in real_batches[:6]:
+            mask = batch["attention_mask"].bool()
+            minilm.unpad_row_bucket = 0
+            exact = minilm(**batch, unpad=True)
+            minilm.unpad_row_bucket = 16
+            bucketed = minilm(**batch, unpad=True)
+            assert max_diff(bucketed.last_hidden_state[mask], exact.last_hidden_state[mask]) <= TOL
+            assert max_diff(bucketed.pooler_output, exact.pooler_output) <= TOL
+            assert not bucketed.last_hidden_state[~mask].any()
+    finally:
+        minilm.unpad_row_bucket = 0
+
+
 def test_unpadded_causal_and_autograd_match_padded():
     """A causal config attends within each example up to the query; gradients flow the same way."""
     torch.manual_seed(0)
@@ -309,6 +350,12 @@ def test_bad_arguments_say_what_is_wrong():
         optimize_for_inference(model, unpad="yes")
     with pytest.raises(TypeError, match="compile must be"):
         optimize_for_inference(model, compile=1)
+    with pytest.raises(ValueError, match="row_bucket must be"):
+        optimize_for_inference(model, row_bucket=2.5)
+    assert optimize_for_inference(model).unpad_row_bucket == 0  # fp32: exact packing by default
+    assert optimize_for_inference(model, row_bucket=32).unpad_row_bucket == 32
+    # oneDNN runs int8 (and bf16) matmuls on CPU: buckets by default there.
+    assert optimize_for_inference(BertModel(BertConfig.preset("tiny")), dtype="int8").unpad_row_bucket == 16
     with pytest.raises(TypeError, match="unpad must be"):
         model(ids, unpad=1)
     with pytest.raises(ValueError, match="attention_mask has shape"):
