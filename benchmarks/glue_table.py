@@ -97,8 +97,10 @@ def main() -> None:
         if theirs is None:
             continue
         bar = theirs["mean"] - theirs["std"] / 2
-        print(f"| {task} | {name} | **{points(mine['mean'])} ± {points(mine['std'])}** | "
-              f"{points(theirs['mean'])} ± {points(theirs['std'])} | {points(bar)} | "
+        cells = [f"{points(side['mean'])} ± {points(side['std'])}" for side in (mine, theirs)]
+        higher = 0 if mine["mean"] >= theirs["mean"] else 1  # bold: the higher mean
+        cells[higher] = f"**{cells[higher]}**"
+        print(f"| {task} | {name} | {cells[0]} | {cells[1]} | {points(bar)} | "
               f"{'yes' if mine['mean'] >= bar else 'no'} |")
     print()
     names = list(ours["metrics"])
