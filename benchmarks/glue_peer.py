@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -58,6 +59,7 @@ def run_seed(args, seed: int) -> dict:
     train = Dataset(read_glue_examples(spec, args.data_dir, "train")[:args.max_train_examples])
     dev_split = spec.dev_splits[0]
     dev = Dataset(read_glue_examples(spec, args.data_dir, dev_split))
+    transformers.set_seed(seed)  # before the new classifier head is drawn, as run_glue.py does
     model = AutoModelForSequenceClassification.from_pretrained(
         args.model, num_labels=spec.num_labels,
         problem_type="regression" if labels is None else "single_label_classification")
@@ -72,20 +74,41 @@ def run_seed(args, seed: int) -> dict:
         output_dir=str(output_dir), per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=128,
         learning_rate=args.lr, num_train_epochs=args.epochs, warmup_steps=0.1, weight_decay=0.01,  # a float: a ratio
         adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear", seed=seed, eval_strategy="epoch",
-        save_strategy="no", logging_steps=50, report_to="none", use_cpu=True, dataloader_num_workers=0,
+        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500, save_total_limit=1,
+        logging_steps=50, report_to="none", use_cpu=True, dataloader_num_workers=0,
         disable_tqdm=True)
     trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=dev,
                       compute_metrics=compute_metrics,
                       data_collator=transformers.DataCollatorWithPadding(tokenizer) if args.dynamic_padding else None)
     trainer.remove_callback(transformers.PrinterCallback)  # its log dicts would go to stdout, beside the JSON line
+    steps_per_epoch = math.ceil(len(train) / args.batch_size)
+
+    class SaveAfterEpochEvaluation(transformers.TrainerCallback):
+        """A step checkpoint on an epoch's last step is taken after that epoch's evaluation instead of
+        before it, so that a run resumed from it still knows the epoch's dev score."""
+
+        def on_step_end(self, _args, state, control, **_):
+            if state.global_step % steps_per_epoch == 0:
+                control.should_save = False
+
+        def on_epoch_end(self, _args, state, control, **_):
+            control.should_save = bool(args.save_steps)
+
+    trainer.add_callback(SaveAfterEpochEvaluation)
+    # A seed cut off mid-run (a session's end) continues from its last checkpoint: the Trainer restores
+    # the optimizer, schedule, RNG states and log history, and skips the batches already seen. It writes
+    # trainer_state.json last, so a checkpoint without it was cut off while being written.
+    complete = [c for c in output_dir.glob("checkpoint-*") if (c / "trainer_state.json").exists()]
+    checkpoint = str(max(complete, key=lambda c: int(c.name.split("-")[1]))) if args.resume and complete else None
     started = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=checkpoint)
     wall = time.perf_counter() - started
     evals = [{k[len("eval_"):]: v for k, v in record.items() if k.startswith("eval_")} | {"epoch": record["epoch"]}
              for record in trainer.state.log_history if f"eval_{main_metric(spec.name)}" in record]
     best = max(evals, key=lambda r: r[main_metric(spec.name)])
     names = [m for m in best if m not in ("epoch", "loss", "runtime", "samples_per_second", "steps_per_second")]
-    return {"seed": seed, "metrics": {m: best[m] for m in names}, "epoch": best["epoch"], "wall_seconds": wall}
+    result = {"seed": seed, "metrics": {m: best[m] for m in names}, "epoch": best["epoch"], "wall_seconds": wall}
+    return result | ({"resumed_from": Path(checkpoint).name} if checkpoint else {})  # wall_seconds: the resumed part
 
 
 def main() -> None:
@@ -102,8 +125,11 @@ def main() -> None:
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--dynamic-padding", action="store_true", help="pad per batch (not the peer's default)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--save-steps", type=int,
+                        help="checkpoint every N steps, so that --resume continues a seed cut off mid-run")
     parser.add_argument("--resume", action="store_true",
-                        help="reuse OUTPUT_DIR/seed{N}.json of seeds already run (an interrupted run's finished seeds)")
+                        help="reuse OUTPUT_DIR/seed{N}.json of seeds already run (an interrupted run's finished seeds)"
+                             " and, with --save-steps, continue an unfinished seed from its last checkpoint")
     args = parser.parse_args()
 
     import torch

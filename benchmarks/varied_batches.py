@@ -106,9 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             record = json.loads(done.stdout.strip().splitlines()[-1])
             log(f"round {round_ + 1}: {json.dumps(record)}")
             runs.setdefault(f"{dtype}/row_bucket={bucket}", []).append(record)
-    summary = {name: {"seq_per_s": statistics.median(r["seq_per_s"] for r in records),
-                      "rss_end_mb": statistics.median(r["rss_mb"][-1] for r in records),
-                      "rss_growth_second_half_mb": statistics.median(r["rss_growth_second_half_mb"] for r in records)}
+    summary = {name: {"seq_per_s": round(statistics.median(r["seq_per_s"] for r in records), 2),
+                      "rss_end_mb": round(statistics.median(r["rss_mb"][-1] for r in records), 1),
+                      "rss_growth_second_half_mb": round(statistics.median(r["rss_growth_second_half_mb"]
+                                                                           for r in records), 1)}
                for name, records in runs.items()}
     print(json.dumps({"benchmark": "varied_batches", "data": args.data, "batches": args.batches,
                       "rounds": args.rounds, "threads": args.threads, "seed": args.seed,
