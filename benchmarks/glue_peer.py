@@ -92,9 +92,10 @@ def run_seed(args, seed: int) -> dict:
                 control.should_save = False
 
         def on_epoch_end(self, _args, state, control, **_):
-            control.should_save = bool(args.save_steps)
+            control.should_save = True
 
-    trainer.add_callback(SaveAfterEpochEvaluation)
+    if args.save_steps:
+        trainer.add_callback(SaveAfterEpochEvaluation)
     # A seed cut off mid-run (a session's end) continues from its last checkpoint: the Trainer restores
     # the optimizer, schedule, RNG states and log history, and skips the batches already seen. It writes
     # trainer_state.json last, so a checkpoint without it was cut off while being written.
