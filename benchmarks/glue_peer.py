@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -151,6 +152,8 @@ def main() -> None:
         runs.append(run_seed(args, int(seed)))
         done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(json.dumps(runs[-1]) + "\n")
+        for checkpoint in (Path(args.output_dir) / f"seed{seed}").glob("checkpoint-*"):
+            shutil.rmtree(checkpoint)  # it only served --resume; ~3× the model's size, kept per seed otherwise
     names = sorted(set.intersection(*(set(r["metrics"]) for r in runs)))
     print(json.dumps({"benchmark": "glue_peer", "framework": "transformers " + transformers.__version__,
                       "task": args.task, "lr": args.lr, "epochs": args.epochs, "batch_size": args.batch_size,
