@@ -469,7 +469,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=int, help="optimizer steps, both phases (default: one epoch of --data)")
     p.add_argument("--epochs", type=float, help="passes over --data (instead of --max-steps)")
     p.add_argument("--max-minutes", type=float, help="wall-clock budget: when spent, stop as if at the last step "
-                   "(final evaluation, checkpoint and model); the schedule still assumes --max-steps")
+                   "(final evaluation, checkpoint and model); the schedule still assumes --max-steps "
+                   "unless --budget-schedule")
+    p.add_argument("--budget-schedule", action="store_true",
+                   help="with --max-minutes: warm up and decay the learning rate over the budget's time instead "
+                   "of --max-steps, reaching 0 as it is spent (warm-up: --warmup-steps, default 1%% of the budget)")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="global-norm clipping; 0: none")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32")

@@ -173,6 +173,7 @@ class PretrainingArguments:
     device: str | None = None
     progress: bool = True
     max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save the model when spent
+    budget_schedule: bool = False  # warm-up and decay over max_minutes' time (lr 0 when spent), not max_steps
     unpad: bool = True  # compute only the real tokens (MaskedLMStep); False: the padded path
 
 
@@ -268,7 +269,7 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
         max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every, save_every=args.save_every,
         keep_last=args.keep_last, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
         num_workers=args.num_workers, num_threads=args.num_threads, device=args.device, fsdp=args.fsdp,
-        progress=args.progress, max_minutes=args.max_minutes)
+        progress=args.progress, max_minutes=args.max_minutes, budget_schedule=args.budget_schedule)
     context = setup(args.device)
     try:
         model = build_model(config, args.seed, step.nsp)

@@ -2,7 +2,7 @@
 
 - `Trainer` / `TrainingArguments` / `Phase`: the loop (loop.py);
 - `build_optimizer`, `parameter_groups`: AdamW with BERT's weight-decay exclusions (optim.py);
-- `linear_schedule`: linear warm-up and decay (schedule.py);
+- `linear_schedule`, `budget_schedule`: linear warm-up and decay over the steps or a time budget (schedule.py);
 - `save_checkpoint`, `load_checkpoint`, `latest_checkpoint`: atomic training checkpoints (checkpoint.py).
 """
 
@@ -10,10 +10,10 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import DistributedContext
 from .loop import NonFiniteLossError, Phase, Trainer, TrainingArguments, TrainResult, epoch_permutation
 from .optim import build_optimizer, parameter_groups
-from .schedule import linear_schedule
+from .schedule import budget_schedule, linear_schedule
 
 __all__ = [
     "Trainer", "TrainingArguments", "Phase", "TrainResult", "NonFiniteLossError", "DistributedContext",
-    "build_optimizer", "parameter_groups", "linear_schedule", "save_checkpoint", "load_checkpoint",
+    "build_optimizer", "parameter_groups", "linear_schedule", "budget_schedule", "save_checkpoint", "load_checkpoint",
     "latest_checkpoint", "epoch_permutation",
 ]

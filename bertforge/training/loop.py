@@ -48,7 +48,7 @@ from . import checkpoint as ckpt
 from .distributed import DistributedContext, configure_threads, setup
 from .memory import keep_freed_memory
 from .optim import build_optimizer
-from .schedule import linear_schedule
+from .schedule import budget_schedule, linear_schedule
 
 logger = logging.getLogger("bertforge")
 
@@ -95,6 +95,7 @@ class TrainingArguments:
     progress: bool = True  # tqdm progress bar (main process only)
     save_final: bool = True  # a checkpoint at the last step
     max_minutes: float | None = None  # wall-clock budget of training (resumed runs included); then stop as if done
+    budget_schedule: bool = False  # warm-up and decay over max_minutes' time, not the steps: lr 0 when it is spent
     eval_each_epoch: bool = False  # also evaluate at the end of every epoch
     best_metric: str | None = None  # an evaluation result (without "eval_") that picks the best model
     greater_is_better: bool = True
@@ -112,6 +113,9 @@ class TrainingArguments:
             raise ValueError(f"epochs must be > 0, got {self.epochs}")
         if self.max_minutes is not None and self.max_minutes <= 0:
             raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
+        if self.budget_schedule and self.max_minutes is None:
+            raise ValueError("budget_schedule (--budget-schedule) needs max_minutes (--max-minutes), "
+                             "the budget it runs over")
 
 
 @dataclass
@@ -286,7 +290,8 @@ class Trainer:
                                self.context.world_size, self.context.rank, args.drop_last) for p in self.phases]
         self.phase_steps = self._phase_steps()
         self.total_steps = sum(self.phase_steps)
-        self.scheduler = linear_schedule(self.optimizer, self.total_steps, args.warmup_steps, args.warmup_ratio)
+        self.scheduler = budget_schedule(self.optimizer, args.warmup_steps, args.warmup_ratio) if args.budget_schedule \
+            else linear_schedule(self.optimizer, self.total_steps, args.warmup_steps, args.warmup_ratio)
         self.autocast_dtype = PRECISIONS[args.precision]
         self.scaler = self._grad_scaler()
 
@@ -301,6 +306,7 @@ class Trainer:
         self.best: dict[str, Any] | None = None
         self.train_seconds = 0.0  # training time of earlier runs of this job (resume), for max_minutes
         self.run_seconds = 0.0  # training time of this run so far (evaluation and saving excluded)
+        self._run_started, self._paused_seconds = None, 0.0  # this run's clock: start, evaluation and saving
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -467,6 +473,8 @@ class Trainer:
             self.scaler.update()
         else:
             self.optimizer.step()
+        if self.args.budget_schedule:
+            self.scheduler.lr_lambdas[0].fraction = self._budget_fraction()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -670,6 +678,11 @@ class Trainer:
         if state.get("total_steps") not in (None, self.total_steps):
             raise ValueError(f"the checkpoint was made for a run of {state['total_steps']} steps, this one has "
                              f"{self.total_steps}: the learning-rate schedule would not continue")
+        over = {True: "the time budget", False: "the steps"}
+        saved_budget = bool((state.get("args") or {}).get("budget_schedule", False))
+        if saved_budget != self.args.budget_schedule:
+            raise ValueError(f"the checkpoint's learning rate was scheduled over {over[saved_budget]}, this run's "
+                             f"over {over[self.args.budget_schedule]}: give --budget-schedule as the run that made it")
         config = getattr(self.module, "config", None)
         saved = state.get("config")
         if saved is not None and hasattr(config, "to_dict"):
@@ -719,6 +732,15 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
 
+    def _budget_fraction(self) -> float:
+        """The share of max_minutes spent by the end of this step; the largest of all processes', so that
+        every process steps with the same learning rate."""
+        seconds = self.train_seconds
+        if self._run_started is not None:
+            seconds += time.perf_counter() - self._run_started - self._paused_seconds
+        fraction = torch.tensor(seconds / (60 * self.args.max_minutes), dtype=torch.float64, device=self.device)
+        return float(self.context.all_reduce_max(fraction)) if self.context.is_distributed else float(fraction)
+
     def _budget_spent(self) -> bool:
         """Whether max_minutes is used up (any process past it stops them all, at the same step)."""
         if self.args.max_minutes is None:
@@ -753,16 +775,17 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                    disable=not (args.progress and context.is_main))
         self.module.train()
-        started = time.perf_counter()
+        self._run_started = started = time.perf_counter()
+        self._paused_seconds = 0.0
         window_start, paused, tokens = started, 0.0, 0.0  # eval and saving do not count in the throughput
-        eval_results, budget_spent, paused_total = None, False, 0.0
+        eval_results, budget_spent = None, False
         try:
             steps = self._steps()
             while self.step < end:
                 self.position, micro_batches = next(steps)
                 tokens += self.train_step(micro_batches)
                 bar.update(1)
-                self.run_seconds = time.perf_counter() - started - paused_total
+                self.run_seconds = time.perf_counter() - started - self._paused_seconds
                 budget_spent = self._budget_spent()
                 at_end = self.step == end or budget_spent
                 finished = self.step == self.total_steps or budget_spent
@@ -784,12 +807,12 @@ class Trainer:
                     pause = time.perf_counter()
                     eval_results = self._run_eval(self.train_seconds + self.run_seconds)
                     paused += time.perf_counter() - pause
-                    paused_total += time.perf_counter() - pause
+                    self._paused_seconds += time.perf_counter() - pause
                 if (args.save_every and self.step % args.save_every == 0) or (at_end and args.save_final):
                     pause = time.perf_counter()
                     self.save()
                     paused += time.perf_counter() - pause
-                    paused_total += time.perf_counter() - pause
+                    self._paused_seconds += time.perf_counter() - pause
                 if budget_spent:
                     if context.is_main:
                         logger.info("the budget of %g minutes is spent: stopped at step %d of %d",

@@ -1,4 +1,8 @@
-"""The learning-rate schedule of BERT: linear warm-up from 0, then linear decay to 0 at the last step."""
+"""The learning-rate schedule of BERT: linear warm-up from 0, then linear decay to 0 at the last step.
+
+Indexed by steps (the paper's), or by the share of a wall-clock budget already spent (Cramming's budget
+schedule), so that a run of unknown speed still ends with its learning rate at 0.
+"""
 
 from __future__ import annotations
 
@@ -42,3 +46,36 @@ def linear_schedule(optimizer: torch.optim.Optimizer, total_steps: int, warmup_s
                     warmup_ratio: float | None = None) -> LambdaLR:
     """LambdaLR with linear warm-up (given in steps or as a ratio of `total_steps`) and linear decay to 0."""
     return LambdaLR(optimizer, LinearWarmupDecay(total_steps, warmup_steps_for(total_steps, warmup_steps, warmup_ratio)))
+
+
+class BudgetWarmupDecay:
+    """The LR multiplier of a wall-clock budget: linear warm-up over the first `warmup_steps` steps or the
+    first `warmup_ratio` of the budget, then linear decay to 0 as the budget is spent.
+
+    `fraction` (training time so far / the budget, in [0, 1]) is set by the Trainer before each scheduler
+    step; the step count only times a warm-up given in steps. A step schedule sized by guess ends where
+    the budget cuts it, often with the rate still high; this one reaches 0 as the budget runs out.
+    """
+
+    def __init__(self, warmup_steps: int = 0, warmup_ratio: float = 0.0):
+        self.warmup_steps, self.warmup_ratio, self.fraction = warmup_steps, warmup_ratio, 0.0
+
+    def __call__(self, step: int) -> float:
+        spent = min(max(self.fraction, 0.0), 1.0)
+        if step < self.warmup_steps:
+            return step / self.warmup_steps
+        if spent < self.warmup_ratio:
+            return spent / self.warmup_ratio
+        return (1.0 - spent) / max(1e-12, 1.0 - self.warmup_ratio)
+
+
+def budget_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int | None = None,
+                    warmup_ratio: float | None = None) -> LambdaLR:
+    """LambdaLR over a wall-clock budget (see BudgetWarmupDecay): warm-up in steps or as a share of the budget."""
+    if warmup_steps is not None and warmup_ratio is not None:
+        raise ValueError("give the warm-up as steps or as a ratio, not both")
+    if warmup_ratio is not None and not 0 <= warmup_ratio < 1:
+        raise ValueError(f"warmup ratio of a budget schedule must be in [0, 1), got {warmup_ratio}")
+    if warmup_steps is not None and warmup_steps < 0:
+        raise ValueError(f"warmup steps must be >= 0, got {warmup_steps}")
+    return LambdaLR(optimizer, BudgetWarmupDecay(warmup_steps or 0, warmup_ratio or 0.0))

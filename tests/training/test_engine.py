@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from bertforge.training import (  # noqa: E402
 from bertforge.training import checkpoint as ckpt  # noqa: E402
 from bertforge.training.loop import StepPlan, epoch_permutation  # noqa: E402
 from bertforge.training.optim import AdamW  # noqa: E402
-from bertforge.training.schedule import LinearWarmupDecay  # noqa: E402
+from bertforge.training.schedule import BudgetWarmupDecay, LinearWarmupDecay, budget_schedule  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -129,6 +130,25 @@ def test_linear_warmup_then_linear_decay_to_zero(warmup):
 def test_schedule_without_warmup_and_past_the_end():
     schedule = LinearWarmupDecay(total_steps=4)
     assert [schedule(s) for s in range(6)] == [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]
+
+
+def test_budget_schedule_follows_the_share_of_the_budget_spent():
+    schedule = BudgetWarmupDecay(warmup_ratio=0.2)
+    values = []
+    for spent in (0.0, 0.1, 0.2, 0.6, 1.0, 1.5):
+        schedule.fraction = spent
+        values.append(schedule(step=123))  # the step does not matter once a step warm-up is over
+    assert values == pytest.approx([0.0, 0.5, 1.0, 0.5, 0.0, 0.0])
+    by_steps = BudgetWarmupDecay(warmup_steps=4)
+    by_steps.fraction = 0.5
+    assert [by_steps(s) for s in (0, 2, 4)] == [0.0, 0.5, 0.5]
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match="not both"):
+        budget_schedule(optimizer, warmup_steps=1, warmup_ratio=0.1)
+    with pytest.raises(ValueError, match=r"\[0, 1\)"):
+        budget_schedule(optimizer, warmup_ratio=1.0)
+    with pytest.raises(ValueError, match="needs max_minutes"):
+        TrainingArguments(output_dir="x", budget_schedule=True)
 
 
 # -- checkpoints -----------------------------------------------------------------------------------
@@ -353,6 +373,39 @@ def test_wall_clock_budget_stops_evaluates_and_saves(tmp_path, monkeypatch):
     resumed.step_fn = slow_step
     result = resumed.train(resume_from=tmp_path / "run" / "checkpoints")
     assert result.step == 4 and result.budget_spent
+
+
+def test_budget_schedule_decays_to_zero_as_the_budget_is_spent(tmp_path, monkeypatch):
+    """budget_schedule: each step's rate follows the time spent before it (a fake clock: 10 s a step, a
+    1-minute budget), whatever max_steps says; a resumed run goes on from the time already spent."""
+    import bertforge.training.loop as loop
+
+    clock = {"t": 0.0}
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock["t"])
+    step = MaskedLMStep()
+
+    def slow_step(model, batch):
+        clock["t"] += 10.0
+        return step(model, batch)
+
+    data = SyntheticPretrainingData(64)
+    options = dict(max_steps=1000, max_minutes=1.0, budget_schedule=True, warmup_steps=None, warmup_ratio=0.25,
+                   lr=1.0, save_final=True)
+    trainer = _trainer(tmp_path, "run", data, **options)
+    trainer.step_fn = slow_step
+    result = trainer.train(stop_at_step=3)
+    assert result.step == 3 and not result.budget_spent
+    with pytest.raises(ValueError, match="scheduled over the time budget, this run's over the steps"):
+        _trainer(tmp_path, "run", data, **(options | {"budget_schedule": False})).train(
+            resume_from=tmp_path / "run" / "checkpoints")
+    resumed = _trainer(tmp_path, "run", data, **options)
+    resumed.step_fn = slow_step
+    result = resumed.train(resume_from=tmp_path / "run" / "checkpoints")
+    assert result.step == 6 and result.budget_spent
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    lrs = [record["lr"] for record in logged if "lr" in record]
+    # spent before steps 1-6: 0, 10, 20 | 30, 40, 50 s of 60; warm-up over the first 15 s
+    assert lrs == pytest.approx([0.0, 10 / 15, 40 / 45, 30 / 45, 20 / 45, 10 / 45])
 
 
 def test_evaluator_each_epoch_keeps_the_best(tmp_path):
