@@ -109,7 +109,10 @@ def run_seed(args, seed: int) -> dict:
              for record in trainer.state.log_history if f"eval_{main_metric(spec.name)}" in record]
     best = max(evals, key=lambda r: r[main_metric(spec.name)])
     names = [m for m in best if m not in ("epoch", "loss", "runtime", "samples_per_second", "steps_per_second")]
-    result = {"seed": seed, "metrics": {m: best[m] for m in names}, "epoch": best["epoch"], "wall_seconds": wall}
+    result = {"seed": seed, "metrics": {m: best[m] for m in names}, "epoch": best["epoch"], "wall_seconds": wall,
+              # every epoch's dev metrics and the training loss every 50 steps, to compare runs' courses
+              "evals": [{m: r[m] for m in ["epoch", *names] if m in r} for r in evals],
+              "train_loss": [[r["step"], r["loss"]] for r in trainer.state.log_history if "loss" in r]}
     return result | ({"resumed_from": Path(checkpoint).name} if checkpoint else {})  # wall_seconds: the resumed part
 
 
