@@ -347,22 +347,29 @@ def test_a_single_loss_and_default_count(tmp_path):
     assert math.isclose(result.eval["eval_loss"], result.eval["eval_loss"])  # finite
 
 
-def test_wall_clock_budget_stops_evaluates_and_saves(tmp_path, monkeypatch):
-    """max_minutes: the step that ends past the budget is the last; it logs, evaluates and saves as the
-    last step would. A fake clock makes each step take 10 s (a 0.5-minute budget is 3 steps)."""
+@pytest.fixture
+def slow_step(monkeypatch):
+    """A masked-LM step that takes 10 s of a fake clock (the loop's time.perf_counter)."""
     import bertforge.training.loop as loop
 
     clock = {"t": 0.0}
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock["t"])
     step = MaskedLMStep()
 
-    def slow_step(model, batch):
+    def take_10_seconds(model, batch):
         clock["t"] += 10.0
         return step(model, batch)
 
+    take_10_seconds.eval = step.eval
+    return take_10_seconds
+
+
+def test_wall_clock_budget_stops_evaluates_and_saves(tmp_path, slow_step):
+    """max_minutes: the step that ends past the budget is the last; it logs, evaluates and saves as the
+    last step would. A fake clock makes each step take 10 s (a 0.5-minute budget is 3 steps)."""
     data = SyntheticPretrainingData(64)
     trainer = _trainer(tmp_path, "run", data, max_steps=8, max_minutes=0.5, save_final=True, log_every=100)
-    trainer.step_fn, trainer.eval_dataset, trainer.eval_fn = slow_step, SyntheticPretrainingData(8), step.eval
+    trainer.step_fn, trainer.eval_dataset, trainer.eval_fn = slow_step, SyntheticPretrainingData(8), slow_step.eval
     result = trainer.train()
     assert result.step == 3 and result.budget_spent
     assert result.last_log["step"] == 3 and "eval_mlm_loss" in result.eval
@@ -375,19 +382,9 @@ def test_wall_clock_budget_stops_evaluates_and_saves(tmp_path, monkeypatch):
     assert result.step == 4 and result.budget_spent
 
 
-def test_budget_schedule_decays_to_zero_as_the_budget_is_spent(tmp_path, monkeypatch):
+def test_budget_schedule_decays_to_zero_as_the_budget_is_spent(tmp_path, slow_step):
     """budget_schedule: each step's rate follows the time spent before it (a fake clock: 10 s a step, a
     1-minute budget), whatever max_steps says; a resumed run goes on from the time already spent."""
-    import bertforge.training.loop as loop
-
-    clock = {"t": 0.0}
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock["t"])
-    step = MaskedLMStep()
-
-    def slow_step(model, batch):
-        clock["t"] += 10.0
-        return step(model, batch)
-
     data = SyntheticPretrainingData(64)
     options = dict(max_steps=1000, max_minutes=1.0, budget_schedule=True, warmup_steps=None, warmup_ratio=0.25,
                    lr=1.0, save_final=True)
