@@ -1,4 +1,5 @@
-"""Fixtures shared by every test folder: the shared data and the packaged MiniLM checkpoint.
+"""Fixtures shared by every test folder: the shared data, the packaged MiniLM checkpoint, and two processes
+under torchrun.
 
 The data is read in place from the read-only `../shared/data` beside the repository (see its
 PROVENANCE.md) and is never copied into the repository; a test that needs it is skipped only where
@@ -7,6 +8,10 @@ that folder is absent.
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +59,19 @@ def uncased_vocab(minilm_dir) -> Path:
     if not path.is_file():
         pytest.skip(f"vocabulary not found at {path}")
     return path
+
+
+def _run_two_processes(args: list[str]) -> subprocess.CompletedProcess:
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(port), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+
+
+@pytest.fixture
+def torchrun():
+    """`torchrun(args)`: run `args` (a script, or `-m module ...`) as two local processes (Gloo on CPU)."""
+    return _run_two_processes

@@ -307,7 +307,6 @@ class Trainer:
         self.train_seconds = 0.0  # training time of earlier runs of this job (resume), for max_minutes
         self.run_seconds = 0.0  # training time of this run so far (evaluation and saving excluded)
         self._run_started, self._paused_seconds = None, 0.0  # this run's clock: start, evaluation and saving
-        self._step_budget_fraction = 0.0  # with budget_schedule: the share of max_minutes spent by the last step
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -475,8 +474,7 @@ class Trainer:
         else:
             self.optimizer.step()
         if self.args.budget_schedule:
-            self._step_budget_fraction = self._budget_fraction()
-            self.scheduler.lr_lambdas[0].fraction = self._step_budget_fraction
+            self.scheduler.lr_lambdas[0].fraction = self._budget_fraction()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
@@ -748,7 +746,7 @@ class Trainer:
         if self.args.max_minutes is None:
             return False
         if self.args.budget_schedule:  # measured and agreed on at this step's scheduler update: no second collective
-            return self._step_budget_fraction >= 1.0
+            return self.scheduler.lr_lambdas[0].fraction >= 1.0
         spent = torch.tensor(int(self.train_seconds + self.run_seconds >= 60 * self.args.max_minutes),
                              device=self.device)
         return bool(self.context.all_reduce_max(spent)) if self.context.is_distributed else bool(spent)

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -98,31 +94,18 @@ def test_exact_resume_with_dropout(corpus, tmp_path):
     assert final.load_report.newly_initialized == []
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _cli_args(corpus: Path, config: Path, out: Path, *extra: str) -> list[str]:
     return ["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", str(config),
             "--output-dir", str(out), "--batch-size", "8", "--grad-accum", "2", "--max-steps", "6", "--lr", "1e-3",
             "--warmup-steps", "2", "--log-every", "1", "--save-every", "3", "--no-progress", *extra]
 
 
-def _torchrun(args: list[str]) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), "-m", "bertforge", *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
-
-
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
-def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, sharding):
+def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, sharding, torchrun):
     config = tiny_json(tmp_path, dropout=0.0)  # the processes' dropout masks could not match one process's
     assert main(_cli_args(corpus, config, tmp_path / "single")) == 0
     extra = ["--fsdp"] if sharding == "fsdp" else []
-    done = _torchrun(_cli_args(corpus, config, tmp_path / "multi", *extra))
+    done = torchrun(["-m", "bertforge", *_cli_args(corpus, config, tmp_path / "multi", *extra)])
     assert done.returncode == 0, done.stderr[-3000:]
     single, multi = train_log(tmp_path / "single"), train_log(tmp_path / "multi")
     assert len(single) == len(multi) == 6

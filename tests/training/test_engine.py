@@ -405,20 +405,10 @@ def test_budget_schedule_decays_to_zero_as_the_budget_is_spent(tmp_path, slow_st
     assert lrs == pytest.approx([0.0, 10 / 15, 40 / 45, 30 / 45, 20 / 45, 10 / 45])
 
 
-def test_budget_schedule_under_ddp_follows_the_slowest_process(tmp_path):
+def test_budget_schedule_under_ddp_follows_the_slowest_process(tmp_path, torchrun):
     """Two processes whose steps take 10 s and 15 s of a fake clock: both step with the rate of the slower
     one's spent budget and stop at the same step (rank 0 alone would stop after step 6)."""
-    import os
-    import socket
-    import subprocess
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    worker = Path(__file__).parent / "budget_ddp_worker.py"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                           "127.0.0.1", "--master_port", str(port), str(worker), str(tmp_path)],
-                          capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    done = torchrun([str(Path(__file__).parent / "budget_ddp_worker.py"), str(tmp_path)])
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     # rank 1's time spent before steps 1-4: 0, 15, 30, 45 s of 60; warm-up over the first 15 s
