@@ -135,10 +135,10 @@ def _finetune_arguments(args: argparse.Namespace):
     return FinetuneArguments(**{k: v for k, v in vars(args).items() if k in names and v is not None})
 
 
-def _grid(args: argparse.Namespace) -> tuple[list[float], list[int]]:
-    lrs = [args.lr] if not args.lr_grid else args.lr_grid
-    seeds = list(range(args.seed, args.seed + args.seeds))
-    return lrs, seeds
+def _grid(args: argparse.Namespace) -> tuple[list[float] | None, list[int] | None]:
+    """`finetune_grid`'s learning rates and seeds: None for each one the command did not ask to vary."""
+    seeds = list(range(args.seed, args.seed + args.seeds)) if args.seeds > 1 else None
+    return args.lr_grid or None, seeds
 
 
 def _report_finetune(results: dict, output_dir: str) -> None:
@@ -356,9 +356,11 @@ def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float = 2e-5, epochs:
     p.add_argument("--max-seq-length", type=int, default=max_seq_length)
     p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--lr-grid", type=_lr_list, metavar="LR,LR,...",
-                   help="try each learning rate (the paper: 5e-5,4e-5,3e-5,2e-5), keep the best on dev")
+                   help="try each learning rate (the paper: 5e-5,4e-5,3e-5,2e-5), keep the best on dev; runs go "
+                   "to OUT/lr{LR}-seed{SEED}/ (even for one rate), the best model and summary.json to OUT")
     p.add_argument("--seeds", type=int, default=1, help="repeat with N seeds (--seed, --seed+1, ...): "
-                   "mean, std, min, max of every metric in OUT/summary.json")
+                   "mean, std, min, max of every metric in OUT/summary.json; with --resume, finished runs are "
+                   "read back")
     p.add_argument("--epochs", type=float, default=epochs)
     p.add_argument("--batch-size", type=int, default=batch_size)
     p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step (default 1)")

@@ -107,6 +107,9 @@ def _json_dump(path: Path, value: Any) -> None:
 def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     """Fine-tune once; returns the best evaluation as written to OUT/eval_results.json."""
     output_dir = Path(args.output_dir)
+    if (output_dir / SUMMARY).exists():  # a single run here would overwrite the grid's best model
+        raise ValueError(f"{output_dir} holds a learning-rate/seed grid ({SUMMARY}): repeat its --lr-grid/--seeds "
+                         "(with --resume to read finished runs back), or choose another --output-dir")
     if not args.resume and (latest_checkpoint(output_dir / CHECKPOINT_DIR) or (output_dir / LOG_NAME).exists()):
         raise ValueError(f"{output_dir} already holds a run: pass --resume to continue it, or another --output-dir")
     torch.manual_seed(args.seed)  # the new head's initial weights depend on the seed, as in the paper's restarts
@@ -199,14 +202,19 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
     dev metric wins, and its best seed's model is copied into OUT itself (so OUT is usable as a model
     directory). OUT/summary.json holds every run and mean/std/min/max of every metric per learning rate.
 
-    One learning rate and one seed is a plain `finetune` into OUT. With `args.resume`, finished runs
-    (those with an eval_results.json and no checkpoint left to resume) are read back, not redone.
+    With neither `lrs` nor `seeds` given this is a plain `finetune` into OUT (`args.lr`, `args.seed`). Given
+    either, the grid layout is used even for one run, so that the layout follows from the command: the same
+    command with `args.resume` reads finished runs (an eval_results.json and no checkpoint left to resume)
+    back instead of training again, and never trains into OUT itself.
     """
+    if lrs is None and seeds is None:
+        return finetune(task, args)
     lrs = list(lrs or [args.lr])
     seeds = list(seeds or [args.seed])
-    if len(lrs) == 1 and len(seeds) == 1:
-        return finetune(task, dataclasses.replace(args, lr=lrs[0], seed=seeds[0]))
     output_dir = Path(args.output_dir)
+    if (output_dir / LOG_NAME).exists():  # the grid would overwrite that run's model with its best one
+        raise ValueError(f"{output_dir} holds a single run ({LOG_NAME}), not a learning-rate/seed grid: "
+                         "choose another --output-dir for the grid")
     runs = []
     for lr in lrs:
         for seed in seeds:

@@ -140,6 +140,43 @@ def test_lr_grid_and_seeds_write_summary_statistics(tiny_model, sst2_dir, tmp_pa
     assert again["runs"] == summary["runs"]
 
 
+def test_an_lr_grid_of_one_run_keeps_the_grid_layout_and_resume_reads_it_back(tiny_model, sst2_dir, tmp_path):
+    out = tmp_path / "out"
+    command = ["finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent), "--model", str(tiny_model),
+               "--output-dir", str(out), "--lr-grid", "1e-3", "--seed", "7", "--epochs", "1", "--max-train-examples",
+               "32", "--no-progress", "--no-test-predictions"]
+    assert main(command) == 0
+    run_dir = out / "lr0.001-seed7"
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["dir"] for r in summary["runs"]] == [str(run_dir)] and summary["metrics"]["accuracy"]["n"] == 1
+    assert not (out / "log.jsonl").exists() and (out / "model.safetensors").is_file()
+    # The same command with --resume reads the finished run back: nothing is trained, into OUT or the run.
+    log = (run_dir / "log.jsonl").read_bytes()
+    assert main(command + ["--resume"]) == 0
+    assert (run_dir / "log.jsonl").read_bytes() == log and not (out / "log.jsonl").exists()
+    assert json.loads((out / "summary.json").read_text())["runs"] == summary["runs"]
+    # A second seed run on its own into the same OUT, then pooled with the first: both read back.
+    seed_at = command.index("--seed") + 1
+    assert main(command[:seed_at] + ["8"] + command[seed_at + 1:]) == 0
+    logs = {seed: (out / f"lr0.001-seed{seed}" / "log.jsonl").read_bytes() for seed in (7, 8)}
+    assert main(command + ["--seeds", "2", "--resume"]) == 0
+    pooled = json.loads((out / "summary.json").read_text())
+    assert [r["seed"] for r in pooled["runs"]] == [7, 8] and pooled["metrics"]["accuracy"]["n"] == 2
+    assert pooled["runs"][0] == summary["runs"][0]
+    assert all((out / f"lr0.001-seed{seed}" / "log.jsonl").read_bytes() == logs[seed] for seed in (7, 8))
+
+
+def test_a_single_run_and_a_grid_do_not_share_an_output_directory(tiny_model, sst2_dir, tmp_path):
+    task = glue_task("sst2", sst2_dir, tiny_model, max_train_examples=32)
+    finetune_grid(task, fast_args(tmp_path / "grid", epochs=1), lrs=[1e-3])
+    for resume in (False, True):  # a single run would overwrite the grid's best model
+        with pytest.raises(ValueError, match=r"grid .*holds a learning-rate/seed grid \(summary.json\)"):
+            finetune(task, fast_args(tmp_path / "grid", epochs=1, resume=resume))
+    finetune(task, fast_args(tmp_path / "single", epochs=1))
+    with pytest.raises(ValueError, match=r"single holds a single run \(log.jsonl\)"):
+        finetune_grid(task, fast_args(tmp_path / "single", epochs=1, resume=True), seeds=[1, 2])
+
+
 def test_describe_uses_the_sample_standard_deviation():
     stats = describe([0.8, 0.9, 1.0])
     assert stats["mean"] == pytest.approx(0.9) and stats["std"] == pytest.approx(0.1)
