@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from synthetic import SyntheticPretrainingData, collate  # noqa: E402
 
 from bertforge.modeling import BertConfig, BertForPreTraining  # noqa: E402
+from bertforge.modeling.bert import Packing  # noqa: E402
 from bertforge.pretraining.trainer import MaskedLMStep, build_model  # noqa: E402
 from bertforge.training import (  # noqa: E402
     NonFiniteLossError, Trainer, TrainingArguments, build_optimizer, latest_checkpoint, linear_schedule,
@@ -483,3 +484,37 @@ def test_unpadded_pretraining_step_gives_the_padded_losses():
     unpadded, _ = MaskedLMStep(unpad=True)(model, batch)
     for name in padded:
         assert torch.allclose(padded[name], unpadded[name], atol=1e-5, rtol=0), name
+
+
+def gradients(model, losses) -> dict[str, torch.Tensor]:
+    model.zero_grad()
+    sum(losses.values()).backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def test_row_buckets_leave_the_training_losses_and_gradients_unchanged():
+    data = SyntheticPretrainingData(8)
+    batch = collate([data[i] for i in range(8)])
+    batch["attention_mask"][:3, -5:] = 0
+    assert Packing.from_mask(batch["attention_mask"], row_bucket=16).extra_rows == 15  # 193 real rows -> 208
+    model = build_model(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), seed=0, nsp=True)
+    exact, _ = MaskedLMStep(unpad=True)(model, batch)
+    exact_grads = gradients(model, exact)
+    model.bert.unpad_row_bucket = 16
+    bucketed, _ = MaskedLMStep(unpad=True)(model, batch)
+    for name in exact:
+        assert torch.allclose(exact[name], bucketed[name], atol=1e-6, rtol=0), name
+    bucketed_grads = gradients(model, bucketed)
+    assert exact_grads.keys() == bucketed_grads.keys()
+    for name, grad in exact_grads.items():
+        assert torch.allclose(grad, bucketed_grads[name], atol=1e-6, rtol=1e-5), name
+
+
+@pytest.mark.parametrize("precision,bucket", [("bf16", 16), ("fp16", 16), ("fp32", 0)])
+def test_cpu_autocast_training_buckets_the_packed_rows(tmp_path, precision, bucket):
+    """oneDNN caches a kernel per matrix shape under CPU autocast; unpadded batches change shape every step."""
+    model = BertForPreTraining(tiny_config())
+    Trainer(model, TrainingArguments(tmp_path / "run", batch_size=4, max_steps=1, precision=precision,
+                                     progress=False, save_final=False), SyntheticPretrainingData(4), collate,
+            MaskedLMStep(unpad=True))
+    assert model.bert.unpad_row_bucket == bucket
