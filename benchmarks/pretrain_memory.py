@@ -5,7 +5,8 @@ unpadded path packs a new number of real tokens nearly every step. The Trainer t
 packed length up to a few sizes (`Packing`'s row_bucket) when it trains in bf16/fp16 on CPU. This script
 runs `bertforge pretrain` for `--steps` steps in a fresh process per arm, `--buckets on` (the default
 behaviour) and `--buckets off` (the Trainer's bucketing replaced by a no-op), sampling the process's
-resident memory every 2 s. One JSON line per arm goes to stdout.
+resident memory every 2 s. With `--precision fp32` (exact packing by default) "on" forces buckets of 16.
+One JSON line per arm goes to stdout.
 
     python benchmarks/pretrain_memory.py --data runs/mini/train --vocab VOCAB --steps 200 --precision bf16
 """
@@ -34,6 +35,16 @@ def worker(args: argparse.Namespace) -> None:
 
     if args.buckets == "off":
         loop._bucket_packed_rows = lambda model: None
+    elif args.precision == "fp32":  # the Trainer buckets only under autocast: force them on to compare
+        from bertforge.modeling import BertModel
+
+        build = BertModel.__init__
+
+        def bucketed(self, *a, **k):
+            build(self, *a, **k)
+            self.unpad_row_bucket = 16
+
+        BertModel.__init__ = bucketed
     samples: list[float] = []
 
     def sample() -> None:
@@ -66,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", required=True)
     parser.add_argument("--config", default="mini")
     parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16"))
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--buckets", choices=("on", "off", "both"), default="both")
     args = parser.parse_args(argv)
