@@ -37,12 +37,13 @@ def worker(args: argparse.Namespace) -> None:
         loop._bucket_packed_rows = lambda model: None
     elif args.precision == "fp32":  # the Trainer buckets only under autocast: force them on to compare
         from bertforge.modeling import BertModel
+        from bertforge.modeling.inference import DEFAULT_ROW_BUCKET
 
         build = BertModel.__init__
 
         def bucketed(self, *a, **k):
             build(self, *a, **k)
-            self.unpad_row_bucket = 16
+            self.unpad_row_bucket = DEFAULT_ROW_BUCKET
 
         BertModel.__init__ = bucketed
     samples: list[float] = []

@@ -475,11 +475,17 @@ def test_atomic_files_get_the_usual_permissions(tmp_path):
         assert path.stat().st_mode & 0o777 == expected, path
 
 
-def test_unpadded_pretraining_step_gives_the_padded_losses():
+def padded_batch_and_model():
+    """8 synthetic instances, 3 of them with 5 padding positions, and a tiny model without dropout."""
     data = SyntheticPretrainingData(8)
     batch = collate([data[i] for i in range(8)])
-    batch["attention_mask"][:3, -5:] = 0  # some padding to skip
+    batch["attention_mask"][:3, -5:] = 0
     model = build_model(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), seed=0, nsp=True)
+    return batch, model
+
+
+def test_unpadded_pretraining_step_gives_the_padded_losses():
+    batch, model = padded_batch_and_model()
     padded, _ = MaskedLMStep()(model, batch)
     unpadded, _ = MaskedLMStep(unpad=True)(model, batch)
     for name in padded:
@@ -493,11 +499,8 @@ def gradients(model, losses) -> dict[str, torch.Tensor]:
 
 
 def test_row_buckets_leave_the_training_losses_and_gradients_unchanged():
-    data = SyntheticPretrainingData(8)
-    batch = collate([data[i] for i in range(8)])
-    batch["attention_mask"][:3, -5:] = 0
+    batch, model = padded_batch_and_model()
     assert Packing.from_mask(batch["attention_mask"], row_bucket=16).extra_rows == 15  # 193 real rows -> 208
-    model = build_model(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), seed=0, nsp=True)
     exact, _ = MaskedLMStep(unpad=True)(model, batch)
     exact_grads = gradients(model, exact)
     model.bert.unpad_row_bucket = 16
