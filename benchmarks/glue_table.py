@@ -8,13 +8,17 @@
     python benchmarks/glue_table.py runs/ours/summary.json --also-ours runs/ours-more-seeds/summary.json \
         runs/peer-lr4e-5.json runs/peer-lr4e-5-more-seeds.json                                  # pooled seeds
 
+    python benchmarks/glue_table.py runs/ours-sst2/summary.json \
+        --also-ours-run 2e-5 42 docs/results/glue_sst2/bertforge_seed42_session13.json ...    # a kept run's file
+
 Prints markdown tables: with a grid, the main metric's mean ± std per learning rate on each side;
 then, at each side's best learning rate (by mean main dev metric, as `--lr-grid` picks it), mean ±
 std per metric with the goal (bertforge's mean ≥ the peer's mean − ½ the peer's std), then each
 seed's scores. Values in points (×100).
 
-Seeds run at different times pool: `--also-ours` adds the runs of more bertforge summaries, and peer
-files with the same learning rate are merged; a (learning rate, seed) given twice keeps the later
+Seeds run at different times pool: `--also-ours` adds the runs of more bertforge summaries,
+`--also-ours-run LR SEED FILE` one run's own `eval_results.json` (as kept in docs/results/ after its
+run directory is gone), and peer files with the same learning rate are merged; a (learning rate, seed) given twice keeps the later
 file's run. Statistics are then recomputed over the pooled runs (bertforge's `describe`).
 """
 
@@ -72,8 +76,14 @@ def main() -> None:
     parser.add_argument("peer", type=Path, nargs="+", help="glue_peer.py's JSON output (one or more per learning rate)")
     parser.add_argument("--also-ours", type=Path, action="append", default=[], metavar="SUMMARY",
                         help="another bertforge summary.json whose runs pool with the first's (repeatable)")
+    parser.add_argument("--also-ours-run", nargs=3, action="append", default=[], metavar=("LR", "SEED", "EVAL_RESULTS"),
+                        help="one bertforge run's eval_results.json, fine-tuned at LR with SEED (repeatable)")
     args = parser.parse_args()
-    ours = pool_ours([json.loads(path.read_text()) for path in [args.ours, *args.also_ours]])
+    summaries = [json.loads(path.read_text()) for path in [args.ours, *args.also_ours]]
+    for lr, seed, path in args.also_ours_run:
+        results = json.loads(Path(path).read_text())
+        summaries.append({"task": results["task"], "runs": [{"lr": float(lr), "seed": int(seed), "dir": path, **results}]})
+    ours = pool_ours(summaries)
     peers = pool_peers([json.loads(path.read_text().strip().splitlines()[-1]) for path in args.peer])
     task = ours["task"].upper()
     main_metric = ours.get("main_metric") or next(iter(ours["metrics"]))

@@ -1,12 +1,13 @@
-"""Memory and speed of mixed-precision pre-training on CPU, with and without the unpadded path's row buckets.
+"""Memory and speed of pre-training on CPU, with and without the unpadded path's row buckets.
 
-Under CPU autocast the matmuls run in oneDNN, which builds and caches a kernel per matrix shape; the
-unpadded path packs a new number of real tokens nearly every step. The Trainer therefore rounds the
-packed length up to a few sizes (`Packing`'s row_bucket) when it trains in bf16/fp16 on CPU. This script
-runs `bertforge pretrain` for `--steps` steps in a fresh process per arm, `--buckets on` (the default
-behaviour) and `--buckets off` (the Trainer's bucketing replaced by a no-op), sampling the process's
-resident memory every 2 s. With `--precision fp32` (exact packing by default) "on" forces buckets of 16.
-One JSON line per arm goes to stdout.
+On CPU the matmuls of training run in oneDNN (fp32 and under bf16/fp16 autocast alike), which builds and
+caches a kernel per matrix shape; the unpadded path packs a new number of real tokens nearly every step.
+The Trainer therefore rounds the packed length up to a few sizes (`Packing`'s row_bucket) when it trains
+on CPU. This script runs `bertforge pretrain` for `--steps` steps in a fresh process per arm, `--buckets on`
+(the default behaviour) and `--buckets off` (the Trainer's bucketing replaced by a no-op), sampling the
+process's resident memory every 2 s. One JSON line per arm goes to stdout. Environment variables pass to
+the arms: ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 (no kernel cache) and BERTFORGE_KEEP_FREED_MEMORY=0 (glibc's
+default malloc) separate the causes.
 
     python benchmarks/pretrain_memory.py --data runs/mini/train --vocab VOCAB --steps 200 --precision bf16
 """
@@ -31,21 +32,11 @@ def _rss_mb() -> float:
 
 def worker(args: argparse.Namespace) -> None:
     import bertforge.training.loop as loop
+    import bertforge.training.memory as memory  # whether glibc keeps freed memory (BERTFORGE_KEEP_FREED_MEMORY)
     from bertforge.cli import main
 
     if args.buckets == "off":
         loop._bucket_packed_rows = lambda model: None
-    elif args.precision == "fp32":  # the Trainer buckets only under autocast: force them on to compare
-        from bertforge.modeling import BertModel
-        from bertforge.modeling.inference import DEFAULT_ROW_BUCKET
-
-        build = BertModel.__init__
-
-        def bucketed(self, *a, **k):
-            build(self, *a, **k)
-            self.unpad_row_bucket = DEFAULT_ROW_BUCKET
-
-        BertModel.__init__ = bucketed
     samples: list[float] = []
 
     def sample() -> None:
@@ -66,7 +57,9 @@ def worker(args: argparse.Namespace) -> None:
     quarter = len(samples) // 4
     print(json.dumps({
         "benchmark": "pretrain_memory", "config": args.config, "precision": args.precision, "buckets": args.buckets,
-        "steps": args.steps, "threads": args.threads, "wall_seconds": round(wall, 1),
+        "steps": args.steps, "threads": args.threads, "keep_freed_memory": memory._applied,
+        "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default"),
+        "wall_seconds": round(wall, 1),
         "median_tokens_per_second": round(sorted(rates)[len(rates) // 2], 1),
         "rss_mb_after_first_quarter": round(samples[quarter]), "rss_mb_at_half": round(samples[len(samples) // 2]),
         "rss_mb_at_end": round(samples[-1]), "rss_mb_max": round(max(samples))}), flush=True)

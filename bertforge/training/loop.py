@@ -239,10 +239,12 @@ def _is_pair(value) -> bool:
 def _bucket_packed_rows(model: nn.Module) -> None:
     """Round the unpadded path's packed length up to a few sizes (`Packing`'s row_bucket) in every encoder.
 
-    CPU autocast runs the matmuls in oneDNN, which builds and caches a kernel for each matrix shape, and
-    unpadded batches have a new number of real tokens nearly every step: without buckets `mini` in bf16
-    grew from 2.5 to 3.9 GB over 200 steps and ran 20% slower; with them it stayed at 1.4 GB (BENCHMARKS.md).
-    The filler rows attend to nothing and are dropped, so losses and gradients are those of the exact packing.
+    On CPU the matmuls of training run in oneDNN (fp32 too, not only under autocast), which builds and
+    caches a kernel for each matrix shape (up to ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1,024 by default), and
+    unpadded batches have a new number of real tokens nearly every step: without buckets `mini` grew by
+    0.4 GB over 300 fp32 steps and from 2.5 to 3.9 GB over 200 bf16 steps (20% slower); with them it stays
+    flat (BENCHMARKS.md). The filler rows attend to nothing and are dropped, so losses and gradients are
+    those of the exact packing.
     """
     for module in model.modules():
         if isinstance(module, BertModel) and module.unpad_row_bucket == 0:
@@ -309,7 +311,7 @@ class Trainer:
             else linear_schedule(self.optimizer, self.total_steps, args.warmup_steps, args.warmup_ratio)
         self.autocast_dtype = PRECISIONS[args.precision]
         self.scaler = self._grad_scaler()
-        if self.device.type == "cpu" and self.autocast_dtype is not None:
+        if self.device.type == "cpu":
             _bucket_packed_rows(self.module)
 
         self.step = 0
