@@ -18,8 +18,9 @@ seed's scores. Values in points (×100).
 
 Seeds run at different times pool: `--also-ours` adds the runs of more bertforge summaries,
 `--also-ours-run LR SEED FILE` one run's own `eval_results.json` (as kept in docs/results/ after its
-run directory is gone), and peer files with the same learning rate are merged; a (learning rate, seed) given twice keeps the later
-file's run. Statistics are then recomputed over the pooled runs (bertforge's `describe`).
+run directory is gone), and peer files with the same learning rate are merged; a (learning rate,
+seed) given twice keeps the later file's run. Statistics are then recomputed over the pooled runs
+(bertforge's `describe`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ def pool_ours(summaries: list[dict]) -> dict:
             "runs": [run for _, run in sorted(runs.items())]}
 
 
+def kept_run(lr: str, seed: str, path: str) -> dict:
+    """A one-run bertforge summary from the run's own eval_results.json, for `pool_ours`."""
+    try:
+        run = {"lr": float(lr), "seed": int(seed), "dir": path}
+    except ValueError:
+        raise SystemExit(f"--also-ours-run {lr} {seed} {path}: LR must be a number and SEED an integer") from None
+    results = json.loads(Path(path).read_text())
+    return {"task": results["task"], "runs": [{**run, **results}]}
+
+
 def pool_peers(peers: list[dict]) -> list[dict]:
     """One peer result per learning rate, runs keyed by seed, statistics recomputed."""
     by_lr: dict[float, dict] = {}
@@ -76,14 +87,12 @@ def main() -> None:
     parser.add_argument("peer", type=Path, nargs="+", help="glue_peer.py's JSON output (one or more per learning rate)")
     parser.add_argument("--also-ours", type=Path, action="append", default=[], metavar="SUMMARY",
                         help="another bertforge summary.json whose runs pool with the first's (repeatable)")
-    parser.add_argument("--also-ours-run", nargs=3, action="append", default=[], metavar=("LR", "SEED", "EVAL_RESULTS"),
+    parser.add_argument("--also-ours-run", nargs=3, action="append", default=[],
+                        metavar=("LR", "SEED", "EVAL_RESULTS"),
                         help="one bertforge run's eval_results.json, fine-tuned at LR with SEED (repeatable)")
     args = parser.parse_args()
     summaries = [json.loads(path.read_text()) for path in [args.ours, *args.also_ours]]
-    for lr, seed, path in args.also_ours_run:
-        results = json.loads(Path(path).read_text())
-        summaries.append({"task": results["task"], "runs": [{"lr": float(lr), "seed": int(seed), "dir": path, **results}]})
-    ours = pool_ours(summaries)
+    ours = pool_ours(summaries + [kept_run(*run) for run in args.also_ours_run])
     peers = pool_peers([json.loads(path.read_text().strip().splitlines()[-1]) for path in args.peer])
     task = ours["task"].upper()
     main_metric = ours.get("main_metric") or next(iter(ours["metrics"]))

@@ -241,10 +241,10 @@ def _bucket_packed_rows(model: nn.Module) -> None:
 
     On CPU the matmuls of training run in oneDNN (fp32 too, not only under autocast), which builds and
     caches a kernel for each matrix shape (up to ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1,024 by default), and
-    unpadded batches have a new number of real tokens nearly every step: without buckets `mini` grew by
-    0.4 GB over 300 fp32 steps and from 2.5 to 3.9 GB over 200 bf16 steps (20% slower); with them it stays
-    flat (BENCHMARKS.md). The filler rows attend to nothing and are dropped, so losses and gradients are
-    those of the exact packing.
+    unpadded batches have a new number of real tokens nearly every step: without buckets `mini` reached
+    3.5 GB in 1,000 fp32 steps (1.6 GB with them) and grew from 2.5 to 3.9 GB over 200 bf16 steps, 20%
+    slower; with them memory grows by under 0.1 GB after warm-up (BENCHMARKS.md). The filler rows attend
+    to nothing and are dropped, so losses and gradients are those of the exact packing.
     """
     for module in model.modules():
         if isinstance(module, BertModel) and module.unpad_row_bucket == 0:
