@@ -17,6 +17,8 @@ ranked by the tokens they would save, `count * (pieces - 1)`. Why:
   where a word of its own helps the model most.
 - A word seen once is as often a typo or a one-off name as a domain term, and one occurrence
   gives its new embedding almost nothing to learn from.
+- A word WordPiece cannot spell at all (one `[UNK]`: a character the vocabulary lacks) is one token
+  already and saves nothing: it is not added.
 
 Words are the basic tokens the tokenizer itself produces (lower-casing and accent stripping as the
 model's tokenizer settings say, punctuation and CJK split), taken from its own normaliser and
