@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Models named by Hub id come from the cache only: nothing in the suite touches a network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SHARED_DATA = REPO / ".." / "shared" / "data"
 
 

@@ -1,0 +1,147 @@
+"""Models named by Hugging Face Hub id: resolved through huggingface_hub's cache, offline.
+
+Each test builds a cache in the hub's own layout (`models--org--name/{blobs,refs,snapshots}`) under
+tmp_path, points HF_HUB_CACHE at it and sets HF_HUB_OFFLINE=1: nothing here touches a network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertforge.cli import main
+from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel
+from bertforge.modeling.pretrained import resolve_model_dir
+from bertforge.serving.pipelines import pipeline
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "a", "dog", "##s", "."]
+MAIN = "a" * 40
+OTHER = "b" * 40
+
+
+def tiny_model_files(tmp_path: Path, seed: int) -> dict[str, bytes]:
+    """config.json, model.safetensors, vocab.txt and tokenizer_config.json of a tiny random BertModel."""
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(VOCAB), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    directory = tmp_path / f"saved{seed}"
+    BertModel(config).save_pretrained(directory)
+    files = {name: (directory / name).read_bytes() for name in ("config.json", "model.safetensors")}
+    files["vocab.txt"] = "".join(t + "\n" for t in VOCAB).encode()
+    files["tokenizer_config.json"] = json.dumps({"do_lower_case": True}).encode()
+    return files
+
+
+def add_to_hub_cache(cache: Path, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = "main") -> Path:
+    """Write `files` as the hub does: content-addressed blobs, a snapshot of symlinks, refs/REF -> commit."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.write_bytes(content)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    if ref is not None:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+def word_embeddings(directory: str | Path) -> torch.Tensor:
+    return BertModel.from_pretrained(directory).embeddings.word_embeddings.weight
+
+
+def test_a_hub_id_resolves_to_its_cached_snapshot(tmp_path, hub_cache):
+    files = tiny_model_files(tmp_path, seed=0)
+    snapshot = add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, files)
+    assert resolve_model_dir("acme/tiny-bert") == snapshot
+    # from_pretrained and pipeline(model=...) take the name as they take a directory.
+    expected = word_embeddings(tmp_path / "saved0")
+    assert torch.equal(word_embeddings("acme/tiny-bert"), expected)
+    classifier = BertForSequenceClassification.from_pretrained("acme/tiny-bert", num_labels=2)
+    assert torch.equal(classifier.bert.embeddings.word_embeddings.weight, expected)
+    embed = pipeline("embed", model="acme/tiny-bert")
+    assert embed.model_dir == snapshot and embed.tokenizer.tokenize("The cats sat.") == ["the", "cat", "##s", "sat", "."]
+
+
+def test_revision_picks_that_snapshot(tmp_path, hub_cache):
+    add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
+    other = add_to_hub_cache(hub_cache, "acme/tiny-bert", OTHER, tiny_model_files(tmp_path, seed=1), ref="v1")
+    assert resolve_model_dir("acme/tiny-bert@v1") == other  # a branch or tag, through refs/
+    assert resolve_model_dir(f"acme/tiny-bert@{OTHER}") == other  # a commit
+    assert torch.equal(word_embeddings("acme/tiny-bert@v1"), word_embeddings(tmp_path / "saved1"))
+    assert not torch.equal(word_embeddings("acme/tiny-bert@v1"), word_embeddings("acme/tiny-bert"))
+    with pytest.raises(FileNotFoundError, match=r"acme/tiny-bert \(revision v2\) is not in the Hub cache"):
+        resolve_model_dir("acme/tiny-bert@v2")
+
+
+def test_a_local_directory_shadows_a_hub_name(tmp_path, hub_cache, monkeypatch):
+    add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
+    work = tmp_path / "work"
+    local = work / "acme" / "tiny-bert"
+    local.mkdir(parents=True)
+    for name, content in tiny_model_files(tmp_path, seed=1).items():
+        (local / name).write_bytes(content)
+    monkeypatch.chdir(work)
+    assert resolve_model_dir("acme/tiny-bert") == Path("acme/tiny-bert")
+    assert torch.equal(word_embeddings("acme/tiny-bert"), word_embeddings(tmp_path / "saved1"))
+
+
+def test_offline_without_a_cached_copy_is_one_clear_error(tmp_path, hub_cache, capsys):
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_model_dir("google-bert/bert-base-uncased")
+    message = str(error.value)
+    assert message == (
+        f"google-bert/bert-base-uncased: no such local directory, and the Hub model google-bert/bert-base-uncased "
+        f"is not in the Hub cache {hub_cache} while HF_HUB_OFFLINE=1: unset HF_HUB_OFFLINE to download it, or run "
+        "`hf download google-bert/bert-base-uncased config.json model.safetensors vocab.txt tokenizer_config.json` "
+        "where the Hub is reachable")
+    # The CLI says it in one line, for any command that names a model.
+    out = tmp_path / "features.jsonl"
+    (tmp_path / "in.txt").write_text("the cat sat\n")
+    assert main(["extract-features", "--model", "google-bert/bert-base-uncased", "--input-file",
+                 str(tmp_path / "in.txt"), "--output-file", str(out)]) == 2
+    assert capsys.readouterr().err == f"bertforge extract-features: error: {message}\n"
+    assert not out.exists()
+    # A path that cannot be a Hub id keeps the plain message.
+    with pytest.raises(FileNotFoundError, match=f"^model directory not found: {tmp_path / 'missing'}$"):
+        resolve_model_dir(tmp_path / "missing")
+
+
+def test_the_cli_takes_a_hub_id(tmp_path, hub_cache):
+    add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
+    (tmp_path / "in.txt").write_text("the cat sat on the mat\n")
+    out = tmp_path / "features.jsonl"
+    assert main(["extract-features", "--model", "acme/tiny-bert", "--input-file", str(tmp_path / "in.txt"),
+                 "--output-file", str(out), "--layers", "-1"]) == 0
+    record = json.loads(out.read_text())
+    assert [f["token"] for f in record["features"]] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
+
+
+def test_weights_in_pytorch_model_bin_only(tmp_path, hub_cache):
+    files = tiny_model_files(tmp_path, seed=0)
+    tensors = BertModel.from_pretrained(tmp_path / "saved0").state_dict()
+    torch.save(tensors, tmp_path / "weights.bin")
+    files["pytorch_model.bin"] = (tmp_path / "weights.bin").read_bytes()
+    del files["model.safetensors"]
+    add_to_hub_cache(hub_cache, "acme/old-bert", MAIN, files)
+    assert torch.equal(word_embeddings("acme/old-bert"), word_embeddings(tmp_path / "saved0"))
+    del files["pytorch_model.bin"]
+    add_to_hub_cache(hub_cache, "acme/no-weights", MAIN, files)
+    with pytest.raises(FileNotFoundError, match="acme/no-weights has no model.safetensors or pytorch_model.bin in"):
+        resolve_model_dir("acme/no-weights")
