@@ -240,7 +240,12 @@ def init_config(model_dir: Path, config: str | None, objective: str, max_seq_len
 
     model_config = BertConfig.from_pretrained(model_dir)
     if config is not None:
-        given = resolve_config(config, model_config.vocab_size, "mlm", 0)
+        if config in PRESETS:  # (a preset takes the vocabulary size from the model's)
+            given = BertConfig.preset(config, vocab_size=model_config.vocab_size)
+        elif Path(config).is_file():
+            given = BertConfig.from_json_file(config)
+        else:
+            raise ValueError(f"--config {config!r}: not a preset ({', '.join(PRESETS)}) nor a config.json file")
         differ = [f"{name}={getattr(given, name)!r} (the model: {getattr(model_config, name)!r})"
                   for name in ARCHITECTURE_FIELDS if getattr(given, name) != getattr(model_config, name)]
         if differ:

@@ -205,3 +205,13 @@ def test_an_extended_vocabularys_new_rows_start_as_the_mean_of_their_pieces(data
     untouched = [i for i in range(len(vocab)) if i not in NEW_WORDS]
     assert torch.equal(final[untouched], minilm[untouched])
     assert (out / "final" / "vocab.txt").read_bytes() == (data / "extended_vocab.txt").read_bytes()
+
+
+def test_a_config_file_of_another_vocabulary_size_is_named_as_such(data, peer_checkpoint, tmp_path, capsys):
+    other = tmp_path / "other"
+    BertConfig(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=37,
+               max_position_embeddings=64).save_pretrained(other)
+    assert main(["pretrain", "--data", str(data / "uncased"), "--init-from", str(peer_checkpoint), "--config",
+                 str(other / "config.json"), "--output-dir", str(tmp_path / "run"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.endswith(": vocab_size=1000 (the model: 30522); the architecture comes from the "
+                                            "model: drop --config\n")
