@@ -1,14 +1,13 @@
 """Models named by Hugging Face Hub id: resolved through huggingface_hub's cache, offline.
 
-Each test builds a cache in the hub's own layout (`models--org--name/{blobs,refs,snapshots}`) under
-tmp_path, points HF_HUB_CACHE at it and sets HF_HUB_OFFLINE=1: nothing here touches a network.
+Each test builds a cache in the hub's own layout (`models--org--name/{blobs,refs,snapshots}`, written by
+tests/conftest.py's `add_to_hub_cache`) under tmp_path, with HF_HUB_CACHE pointing to it and
+HF_HUB_OFFLINE=1 (the `hub_cache` fixture): nothing here touches a network.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -37,36 +36,11 @@ def tiny_model_files(tmp_path: Path, seed: int) -> dict[str, bytes]:
     return files
 
 
-def add_to_hub_cache(cache: Path, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = "main") -> Path:
-    """Write `files` as the hub does: content-addressed blobs, a snapshot of symlinks, refs/REF -> commit."""
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True, exist_ok=True)
-    snapshot.mkdir(parents=True, exist_ok=True)
-    for name, content in files.items():
-        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
-        blob.write_bytes(content)
-        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
-    if ref is not None:
-        (repo / "refs").mkdir(exist_ok=True)
-        (repo / "refs" / ref).write_text(commit)
-    return snapshot
-
-
-@pytest.fixture
-def hub_cache(tmp_path, monkeypatch) -> Path:
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
-
-
 def word_embeddings(directory: str | Path) -> torch.Tensor:
     return BertModel.from_pretrained(directory).embeddings.word_embeddings.weight
 
 
-def test_a_hub_id_resolves_to_its_cached_snapshot(tmp_path, hub_cache):
+def test_a_hub_id_resolves_to_its_cached_snapshot(tmp_path, hub_cache, add_to_hub_cache):
     files = tiny_model_files(tmp_path, seed=0)
     snapshot = add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, files)
     assert resolve_model_dir("acme/tiny-bert") == snapshot
@@ -79,7 +53,7 @@ def test_a_hub_id_resolves_to_its_cached_snapshot(tmp_path, hub_cache):
     assert embed.model_dir == snapshot and embed.tokenizer.tokenize("The cats sat.") == ["the", "cat", "##s", "sat", "."]
 
 
-def test_revision_picks_that_snapshot(tmp_path, hub_cache):
+def test_revision_picks_that_snapshot(tmp_path, hub_cache, add_to_hub_cache):
     add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
     other = add_to_hub_cache(hub_cache, "acme/tiny-bert", OTHER, tiny_model_files(tmp_path, seed=1), ref="v1")
     assert resolve_model_dir("acme/tiny-bert@v1") == other  # a branch or tag, through refs/
@@ -90,7 +64,7 @@ def test_revision_picks_that_snapshot(tmp_path, hub_cache):
         resolve_model_dir("acme/tiny-bert@v2")
 
 
-def test_a_local_directory_shadows_a_hub_name(tmp_path, hub_cache, monkeypatch):
+def test_a_local_directory_shadows_a_hub_name(tmp_path, hub_cache, add_to_hub_cache, monkeypatch):
     add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
     work = tmp_path / "work"
     local = work / "acme" / "tiny-bert"
@@ -123,7 +97,7 @@ def test_offline_without_a_cached_copy_is_one_clear_error(tmp_path, hub_cache, c
         resolve_model_dir(tmp_path / "missing")
 
 
-def test_the_cli_takes_a_hub_id(tmp_path, hub_cache):
+def test_the_cli_takes_a_hub_id(tmp_path, hub_cache, add_to_hub_cache):
     add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
     (tmp_path / "in.txt").write_text("the cat sat on the mat\n")
     out = tmp_path / "features.jsonl"
@@ -133,7 +107,7 @@ def test_the_cli_takes_a_hub_id(tmp_path, hub_cache):
     assert [f["token"] for f in record["features"]] == ["[CLS]", "the", "cat", "sat", "on", "the", "mat", "[SEP]"]
 
 
-def test_weights_in_pytorch_model_bin_only(tmp_path, hub_cache):
+def test_weights_in_pytorch_model_bin_only(tmp_path, hub_cache, add_to_hub_cache):
     files = tiny_model_files(tmp_path, seed=0)
     tensors = BertModel.from_pretrained(tmp_path / "saved0").state_dict()
     torch.save(tensors, tmp_path / "weights.bin")

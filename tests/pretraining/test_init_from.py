@@ -215,3 +215,17 @@ def test_a_config_file_of_another_vocabulary_size_is_named_as_such(data, peer_ch
                  str(other / "config.json"), "--output-dir", str(tmp_path / "run"), "--no-progress"]) == 2
     assert capsys.readouterr().err.endswith(": vocab_size=1000 (the model: 30522); the architecture comes from the "
                                             "model: drop --config\n")
+
+
+def test_init_from_a_hub_id(data, peer_checkpoint, tmp_path, hub_cache, add_to_hub_cache, capsys):
+    files = {name: (peer_checkpoint / name).read_bytes() for name in ("config.json", "model.safetensors", "vocab.txt")}
+    add_to_hub_cache(hub_cache, "acme/tiny-pretraining", "c" * 40, files)
+    out = tmp_path / "run"
+    assert main(["pretrain", "--data", str(data / "uncased"), "--init-from", "acme/tiny-pretraining", "--output-dir",
+                 str(out), "--batch-size", "4", "--max-steps", "1", "--no-progress"]) == 0
+    assert "pre-trained " in capsys.readouterr().out
+    assert BertConfig.from_pretrained(out / "final").hidden_size == 32
+    assert main(["pretrain", "--data", str(data / "uncased"), "--init-from", "acme/missing", "--output-dir",
+                 str(tmp_path / "other"), "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith("bertforge pretrain: error: acme/missing: no such local directory, "
+                                              "and the Hub model acme/missing is not in the Hub cache")
