@@ -351,7 +351,8 @@ def _lr_list(text: str) -> list[float]:
 def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float = 2e-5, epochs: float = 3.0, batch_size: int = 32,
                         max_seq_length: int = 128) -> None:
     """The flags every `finetune` task shares (defaults: the paper's, per task)."""
-    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt)")
+    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt) "
+                   "or Hub id (org/name[@revision])")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--max-seq-length", type=int, default=max_seq_length)
     p.add_argument("--lr", type=float, default=lr)
@@ -466,7 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "convert-tf output or Hub id such as google-bert/bert-base-uncased[@revision]): its weights "
                    "and architecture; the data prepared with its vocab.txt (or one with [unusedN] replaced)")
     p.add_argument("--output-dir", required=True, help="log.jsonl, checkpoints/ and final/ go here")
-    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt)")
+    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt, else "
+                   "--init-from's)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch, all processes together")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4; with --init-from 5e-5)")
