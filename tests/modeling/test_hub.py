@@ -119,3 +119,15 @@ def test_weights_in_pytorch_model_bin_only(tmp_path, hub_cache, add_to_hub_cache
     add_to_hub_cache(hub_cache, "acme/no-weights", MAIN, files)
     with pytest.raises(FileNotFoundError, match="acme/no-weights has no model.safetensors or pytorch_model.bin in"):
         resolve_model_dir("acme/no-weights")
+
+
+def test_a_finetuning_task_takes_a_hub_id(tmp_path, hub_cache, add_to_hub_cache):
+    from bertforge.tasks.classification import classify_task
+
+    add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.tsv").write_text("text\tlabel\nthe cat sat\tyes\na dog sat on the mat\tno\n")
+    task = classify_task("acme/tiny-bert", tmp_path / "train.tsv", tmp_path / "dev.tsv")
+    assert task.train_features[0]["input_ids"][:5] == [2, 5, 6, 7, 3]  # [CLS] the cat sat [SEP]
+    model = task.build_model()
+    assert torch.equal(model.bert.embeddings.word_embeddings.weight, word_embeddings(tmp_path / "saved0"))
