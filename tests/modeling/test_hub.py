@@ -131,3 +131,28 @@ def test_a_finetuning_task_takes_a_hub_id(tmp_path, hub_cache, add_to_hub_cache)
     assert task.train_features[0]["input_ids"][:5] == [2, 5, 6, 7, 3]  # [CLS] the cat sat [SEP]
     model = task.build_model()
     assert torch.equal(model.bert.embeddings.word_embeddings.weight, word_embeddings(tmp_path / "saved0"))
+
+
+def test_online_only_the_files_bertforge_reads_are_fetched(tmp_path, hub_cache, add_to_hub_cache, monkeypatch):
+    """Online, with huggingface_hub's download replaced by the cache it would fill (no network)."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    files = tiny_model_files(tmp_path, seed=0)
+    snapshot = add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, files)
+    requested = []
+
+    def download(repo_id, filename, *, revision=None, cache_dir=None, **_):
+        requested.append((repo_id, filename, revision, cache_dir))
+        if repo_id != "acme/tiny-bert":
+            raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub.")
+        return str(snapshot / filename)
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    assert resolve_model_dir("acme/tiny-bert@v1") == snapshot
+    assert requested == [("acme/tiny-bert", name, "v1", str(hub_cache))
+                         for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json")]
+    with pytest.raises(FileNotFoundError, match=r"^acme/other: no such local directory, and the Hub model acme/other "
+                                                r"cannot be downloaded and is not in the Hub cache .*: An error happened"):
+        resolve_model_dir("acme/other")
