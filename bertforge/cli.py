@@ -105,7 +105,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     except NonFiniteLossError as error:  # diverged: say where to resume from, no traceback
         raise SystemExit(f"bertforge pretrain: error: {error}") from None
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"pre-trained {args.config}: log {Path(args.output_dir) / 'log.jsonl'}, "
+        print(f"pre-trained {args.init_from or args.config or 'base'}: log {Path(args.output_dir) / 'log.jsonl'}, "
               f"checkpoints {Path(args.output_dir) / 'checkpoints'}, model {final}")
 
 
@@ -372,7 +372,8 @@ def _lr_list(text: str) -> list[float]:
 def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float = 2e-5, epochs: float = 3.0, batch_size: int = 32,
                         max_seq_length: int = 128) -> None:
     """The flags every `finetune` task shares (defaults: the paper's, per task)."""
-    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt)")
+    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt) "
+                   "or Hub id (org/name[@revision])")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--max-seq-length", type=int, default=max_seq_length)
     p.add_argument("--lr", type=float, default=lr)
@@ -487,14 +488,19 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Pre-train on `prepare-pretraining` output. Multi-process: "
                             "torchrun --nproc_per_node N -m bertforge pretrain ... (--batch-size stays global).")
     p.add_argument("--data", required=True, help="prepared instances (prepare-pretraining's output directory)")
-    p.add_argument("--config", default="base",
-                   help="tiny, mini, small, medium, base, large, or a config.json (default: base)")
+    p.add_argument("--config", help="tiny, mini, small, medium, base, large, or a config.json (default: base; "
+                   "with --init-from the model's)")
+    p.add_argument("--init-from", metavar="MODEL", help="continue pre-training MODEL (a checkpoint directory, "
+                   "convert-tf output or Hub id such as google-bert/bert-base-uncased[@revision]): its weights "
+                   "and architecture; the data prepared with its vocab.txt (or one with [unusedN] replaced)")
     p.add_argument("--output-dir", required=True, help="log.jsonl, checkpoints/ and final/ go here")
-    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt)")
+    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt, else "
+                   "--init-from's)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch, all processes together")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 1%% of all steps)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4; with --init-from 5e-5)")
+    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 1%% of all steps; with "
+                   "--init-from 10%%)")
     p.add_argument("--max-steps", type=int, help="optimizer steps, both phases (default: one epoch of --data)")
     p.add_argument("--epochs", type=float, help="passes over --data (instead of --max-steps)")
     p.add_argument("--max-minutes", type=float, help="wall-clock budget: when spent, stop as if at the last step "
@@ -680,6 +686,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_attach_negative_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        # A Hub id names a model as a directory does (serve resolves its own, to report a failure its way).
+        for flag in ("model", "init_from"):
+            if isinstance(getattr(args, flag, None), str) and args.command != "serve":
+                from .modeling.pretrained import resolve_model_dir
+
+                setattr(args, flag, str(resolve_model_dir(getattr(args, flag))))
         args.func(args)
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as error:
         # Bad input is the user's to fix: one clear line, no traceback.
