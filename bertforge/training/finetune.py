@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._files import RUNNING, finish_run, mark_running
 from .checkpoint import atomic_write, latest_checkpoint
 from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer, TrainingArguments
 
@@ -144,11 +146,16 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
             task.write_predictions(output_dir, latest["predictions"])
         _json_dump(output_dir / EVAL_RESULTS, _eval_results(task.name, record))
 
+    settings = {"the training data (--train-file or --data-dir, --max-seq-length, --max-train-examples)":
+                features_fingerprint(task.train_features), "--group-by-length": order_fn is not None}
     trainer = Trainer(model, training, collate=task.collate, step_fn=task.step_fn,
                       phases=[Phase(task.train_features, order_fn=order_fn)], count_fn=task.count_fn,
-                      evaluator=evaluator, on_best=on_best,
+                      evaluator=evaluator, on_best=on_best, settings=settings,
                       checkpoint_extra={"finetuning": {"task": task.name}})
-    resume = latest_checkpoint(output_dir / CHECKPOINT_DIR) if args.resume else None
+    # A directory: its latest checkpoint, or the newest older one if that cannot be read.
+    resume = output_dir / CHECKPOINT_DIR if args.resume and latest_checkpoint(output_dir / CHECKPOINT_DIR) else None
+    if trainer.context.is_main:  # until the end, OUT's model and results are not a finished run's
+        mark_running(output_dir, f"bertforge fine-tuning ({task.name})")
     started = time.perf_counter()
     result = trainer.train(resume_from=resume)
     wall = time.perf_counter() - started
@@ -157,8 +164,45 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
         best["budget_spent"] = result.budget_spent
         best["wall_seconds"] = round(wall, 2)  # this run's training and evaluations (not a resumed run's earlier part)
         _json_dump(output_dir / EVAL_RESULTS, best)
+        finish_run(output_dir)
     trainer.context.barrier()
     return json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
+
+
+def features_fingerprint(features: Sequence[Any]) -> str:
+    """A SHA-256 of the training features' content (ids, labels, ...): the same data gives the same hash.
+
+    Recorded in checkpoints so that a resumed run on other data (another file, --max-seq-length or
+    --max-train-examples) is refused instead of silently continuing on it.
+    """
+    digest = hashlib.sha256()
+
+    def add(value: Any) -> None:
+        if isinstance(value, dict):
+            digest.update(b"{")
+            for key in sorted(value, key=str):
+                digest.update(str(key).encode() + b":")
+                add(value[key])
+            digest.update(b"}")
+        elif isinstance(value, torch.Tensor):
+            add(value.detach().cpu().numpy())
+        elif isinstance(value, np.ndarray):
+            digest.update(f"a{value.dtype}{value.shape}".encode() + np.ascontiguousarray(value).tobytes())
+        elif isinstance(value, (list, tuple)):
+            if value and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+                digest.update(b"i" + np.asarray(value, dtype=np.int64).tobytes())
+            else:
+                digest.update(b"[")
+                for item in value:
+                    add(item)
+                digest.update(b"]")
+        else:
+            digest.update(f"{type(value).__name__}:{value!r};".encode())
+
+    digest.update(str(len(features)).encode())
+    for feature in features:
+        add(feature)
+    return digest.hexdigest()
 
 
 def _set_unpad(model: nn.Module) -> None:
@@ -215,11 +259,14 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
     if (output_dir / LOG_NAME).exists():  # the grid would overwrite that run's model with its best one
         raise ValueError(f"{output_dir} holds a single run ({LOG_NAME}), not a learning-rate/seed grid: "
                          "choose another --output-dir for the grid")
+    if int(os.environ.get("RANK", "0")) == 0:  # OUT gets the best run's model only when every run is done
+        mark_running(output_dir, f"bertforge fine-tuning grid ({task.name})")
     runs = []
     for lr in lrs:
         for seed in seeds:
             run_dir = output_dir / _run_name(lr, seed)
             done = (run_dir / EVAL_RESULTS).is_file() and (run_dir / LOG_NAME).is_file() and \
+                not (run_dir / RUNNING).exists() and \
                 json.loads((run_dir / EVAL_RESULTS).read_text()).get("budget_spent") is not None
             if args.resume and done:
                 results = json.loads((run_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
@@ -245,6 +292,8 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
                "metrics": by_lr[f"{best_lr:g}"], "best_run": best_run, "by_lr": by_lr, "runs": runs}
     _copy_model(Path(best_run["dir"]), output_dir)
     _json_dump(output_dir / SUMMARY, summary)
+    if int(os.environ.get("RANK", "0")) == 0:
+        finish_run(output_dir)
     return summary
 
 
