@@ -56,8 +56,9 @@ def mark_running(directory: str | os.PathLike, what: str) -> None:
 
     os.makedirs(directory, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    text = (f"{what} started {started} (process {os.getpid()}) and has not finished: it is still running, "
-            "failed or was killed.\nThis file is removed when the run finishes.\n")
+    text = (f"An unfinished run: {what}, started {started} (process {os.getpid()}), is still running, failed or "
+            "was killed.\nThis file is removed when the run finishes; until then `predict`, `from_pretrained` and "
+            "the pipelines refuse this directory.\n")
     path = os.path.join(os.fspath(directory), RUNNING)
     handle, temporary = temporary_file(directory, prefix=".running.", suffix=".tmp")
     with os.fdopen(handle, "w", encoding="utf-8") as file:
