@@ -10,7 +10,8 @@ Training can run in two phases as the paper's (90% of the steps at 128 tokens, 1
 second continues the same model, optimizer and learning-rate schedule on the second dataset.
 
 `run_pretraining(PretrainingArguments(...))` is what `bertforge pretrain` calls; it writes
-`OUT/log.jsonl`, `OUT/checkpoints/` and, at the end, `OUT/final/` in `from_pretrained` layout.
+`OUT/log.jsonl`, `OUT/checkpoints/` and, at the end, `OUT/final/` in `from_pretrained` layout, written
+into a staging directory and renamed into place; `OUT/RUNNING` marks the run unfinished until then.
 """
 
 from __future__ import annotations

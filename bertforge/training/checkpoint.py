@@ -9,7 +9,9 @@ Writes are atomic: the file is written to a temporary name in the same directory
 fsync'ed, then renamed over the final name with `os.replace`; only then is the `latest` pointer
 (a one-line text file naming the checkpoint) replaced the same way. A run killed at any moment
 leaves the previous checkpoint and a pointer to it intact. Older checkpoints beyond `keep_last`
-are deleted after the pointer moved on.
+are deleted after the pointer moved on. Resuming from a directory falls back past a latest checkpoint
+that cannot be read (truncated, corrupt) to the newest older one that can; after a divergence, `rewind`
+points `latest` back at the last good checkpoint and sets the later ones aside (`diverged-*`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ module does the rest, identically for every task:
   main dev metric is kept in OUT (`config.json`, `model.safetensors`, `vocab.txt`, loadable with
   `from_pretrained` here and in Hugging Face transformers) with `eval_results.json`
   (`{"task", "metrics", "epoch", "step"}`, metrics as fractions) and the per-example dev predictions;
+* OUT holds a `RUNNING` marker from the start until everything is written: a failed or killed run's
+  model and eval_results.json are refused by the loaders (`bertforge._files.check_finished`);
 * `finetune_grid` runs the paper's learning-rate grid and repeats seeds, keeping the best run on dev
   and writing mean, std, min and max of every metric to OUT/summary.json.
 """

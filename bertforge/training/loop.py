@@ -13,6 +13,14 @@ AdamW and the linear schedule, logging, evaluation, checkpoints, exact resume an
 own slice of every micro-batch. The data position is therefore (epoch, steps done in the epoch), and
 a resumed run continues with the exact next batch.
 
+**Resume.** A checkpoint records the settings that change the result (RESUME_SETTINGS, the examples
+per phase and the caller's `settings`, e.g. a data fingerprint); a resumed run with other values is
+refused, naming each flag. A new learning rate is applied from the resumed step on (logged).
+
+**Divergence.** A non-finite loss stops training (NonFiniteLossError) with `latest` rewound to the
+last checkpoint saved before the loss became non-finite or exploded (EXPLODING_FACTOR times the
+first logged loss); while the loss explodes, that checkpoint is never pruned.
+
 **Losses.** `step_fn` returns the mean loss of its micro-batch, or a dict of such means (one per
 loss term, e.g. {"mlm_loss": ..., "nsp_loss": ...}, whose sum is trained). `count_fn(batch)` says
 over how many units each mean was taken (default: the examples; for a token-level loss, the labelled

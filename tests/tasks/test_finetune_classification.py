@@ -320,6 +320,10 @@ def test_a_failed_run_is_marked_unfinished_and_predict_refuses_it(tiny_model, ss
     assert error.count("\n") == 1 and "--resume" in error and not (tmp_path / "p.tsv").exists()
     with pytest.raises(ValueError, match="unfinished run"):
         BertForSequenceClassification.from_pretrained(out)
+    from bertforge.serving import pipeline
+
+    with pytest.raises(ValueError, match="unfinished run"):
+        pipeline("classify", out)
     # Finished with --resume, the directory is a model like any other.
     task.evaluate = evaluate
     results = finetune(task, fast_args(out, epochs=2, save_every=2, resume=True))
