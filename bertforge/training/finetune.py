@@ -27,10 +27,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import io
 import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import dataclass
@@ -172,38 +174,21 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
 
 
 def features_fingerprint(features: Sequence[Any]) -> str:
-    """A SHA-256 of the training features' content (ids, labels, ...): the same data gives the same hash.
+    """A SHA-256 of the training features' content (ids, labels, ...), feature by feature: the same data,
+    made by the same code, gives the same hash.
 
     Recorded in checkpoints so that a resumed run on other data (another file, --max-seq-length or
     --max-train-examples) is refused instead of silently continuing on it.
     """
-    digest = hashlib.sha256()
-
-    def add(value: Any) -> None:
-        if isinstance(value, dict):
-            digest.update(b"{")
-            for key in sorted(value, key=str):
-                digest.update(str(key).encode() + b":")
-                add(value[key])
-            digest.update(b"}")
-        elif isinstance(value, torch.Tensor):
-            add(value.detach().cpu().numpy())
-        elif isinstance(value, np.ndarray):
-            digest.update(f"a{value.dtype}{value.shape}".encode() + np.ascontiguousarray(value).tobytes())
-        elif isinstance(value, (list, tuple)):
-            if value and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
-                digest.update(b"i" + np.asarray(value, dtype=np.int64).tobytes())
-            else:
-                digest.update(b"[")
-                for item in value:
-                    add(item)
-                digest.update(b"]")
-        else:
-            digest.update(f"{type(value).__name__}:{value!r};".encode())
-
-    digest.update(str(len(features)).encode())
+    digest = hashlib.sha256(str(len(features)).encode())
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler.fast = True  # no memo: equal values give equal bytes, whether or not they are the same object
     for feature in features:
-        add(feature)
+        buffer.seek(0)
+        buffer.truncate()
+        pickler.dump(feature)
+        digest.update(buffer.getbuffer())
     return digest.hexdigest()
 
 
