@@ -543,7 +543,7 @@ class Trainer:
         first_bad = int(self.context.all_reduce_max(self.first_bad_step.clone()))
         if first_bad < 0:
             return
-        good = [(step, path) for step, path in self.good_checkpoints if step < first_bad]
+        good = [(step, path) for step, path in self.good_checkpoints if step < first_bad and path.exists()]
         if self.context.is_main and self.checkpoint_dir.is_dir():
             # `latest` goes back to the good checkpoint and the later ones are set aside, so that --resume
             # continues from before the divergence.
@@ -813,8 +813,9 @@ class Trainer:
     def load_state(self, state: dict[str, Any], path: str | os.PathLike | None = None) -> None:
         self._check_resume_settings(state, path)
         if state.get("total_steps") not in (None, self.total_steps):
-            raise ValueError(f"the checkpoint was made for a run of {state['total_steps']} steps, this one has "
-                             f"{self.total_steps}: the learning-rate schedule would not continue")
+            raise ValueError(f"--resume: the checkpoint was made for a run of {state['total_steps']} steps, this one "
+                             f"has {self.total_steps} (--max-steps, --epochs or --phase2-steps differ): the "
+                             "learning-rate schedule would not continue")
         over = {True: "the time budget", False: "the steps"}
         saved_budget = bool((state.get("args") or {}).get("budget_schedule", False))
         if saved_budget != self.args.budget_schedule:
