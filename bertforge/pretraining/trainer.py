@@ -283,7 +283,8 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
         trainer = Trainer(
             model, training, collate=collate, step_fn=step, phases=phases, count_fn=step.counts,
             eval_dataset=evaluation, eval_fn=step.eval, summarize_fn=perplexity, context=context,
-            settings={"--data": data_fingerprint(train), "--phase2-data": data_fingerprint(phase2) if phase2 is not None else None,
+            settings={"--data": data_fingerprint(train),
+                      "--phase2-data": data_fingerprint(phase2) if phase2 is not None else None,
                       "--objective": args.objective, "--no-nsp": not step.nsp},
             checkpoint_extra={"pretraining": {
                 "objective": args.objective, "nsp": step.nsp, "vocab_hash": vocab_fingerprint(vocab),
