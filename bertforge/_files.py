@@ -38,3 +38,48 @@ def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+# -- unfinished runs -------------------------------------------------------------------------------
+
+RUNNING = "RUNNING"  # in a run's output directory from its start until it finished
+
+
+def mark_running(directory: str | os.PathLike, what: str) -> None:
+    """Mark `directory` as holding an unfinished run: `RUNNING` is written before anything else.
+
+    A run that fails, or is killed, leaves the marker behind, so that the model and results it kept so
+    far (a best model so far, eval_results.json) are never mistaken for a finished run's: loaders refuse
+    the directory (`check_finished`). `finish_run` removes the marker once every output is written.
+    """
+    import datetime
+
+    os.makedirs(directory, exist_ok=True)
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    text = (f"An unfinished run: {what}, started {started} (process {os.getpid()}), is still running, failed or "
+            "was killed.\nThis file is removed when the run finishes; until then `predict`, `from_pretrained` and "
+            "the pipelines refuse this directory.\n")
+    path = os.path.join(os.fspath(directory), RUNNING)
+    handle, temporary = temporary_file(directory, prefix=".running.", suffix=".tmp")
+    with os.fdopen(handle, "w", encoding="utf-8") as file:
+        file.write(text)
+    os.replace(temporary, path)
+
+
+def finish_run(directory: str | os.PathLike) -> None:
+    """Remove `directory`'s RUNNING marker: every output of the run is in place."""
+    try:
+        os.unlink(os.path.join(os.fspath(directory), RUNNING))
+    except FileNotFoundError:
+        pass
+
+
+def check_finished(directory: str | os.PathLike) -> None:
+    """Refuse a model directory whose run has not finished (see `mark_running`), in one line.
+
+    Raises ValueError (the CLI's one-line error) naming the directory and what to do about it.
+    """
+    if os.path.isfile(os.path.join(os.fspath(directory), RUNNING)):
+        raise ValueError(f"{directory} holds an unfinished run ({RUNNING} marker: still running, failed or "
+                         f"killed): finish it with the same command and --resume, or delete {RUNNING} to use the "
+                         "model it kept so far")

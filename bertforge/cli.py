@@ -697,6 +697,14 @@ def main(argv: list[str] | None = None) -> int:
         # Bad input is the user's to fix: one clear line, no traceback.
         print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:
+        from .training.loop import NonFiniteLossError
+
+        if not isinstance(error, NonFiniteLossError):
+            raise
+        # A diverged run (too high a learning rate, ...): one line naming the checkpoint to resume from.
+        print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

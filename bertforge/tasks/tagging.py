@@ -32,6 +32,8 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from .._files import check_finished
+
 logger = logging.getLogger("bertforge")
 
 __all__ = ["DOCSTART", "IGNORE_INDEX", "Sentence", "build_windows", "collate_windows", "label_list_from",
@@ -444,6 +446,7 @@ def ner_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_fi
 
 def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
+    check_finished(model_dir)  # a failed or killed run's model is not a finished one
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
     return json.loads(path.read_text(encoding="utf-8"))
