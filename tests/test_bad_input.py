@@ -65,7 +65,11 @@ def test_pipelines_refuse_an_untrained_head(models):
         pipeline("answer", model=models["classify"])
     with pytest.raises(ValueError, match="is a squad model, not trained for fill-mask: .*cls.predictions"):
         pipeline("fill-mask", model=models["squad"])
-    # Hidden states need no head: any checkpoint embeds.
+    # A token classifier's weights have the names of a sequence classifier's: the saved class decides.
+    with pytest.raises(ValueError, match="is a classify model, not trained for tag: its config.json says "
+                                         "BertForSequenceClassification, not BertForTokenClassification"):
+        pipeline("tag", model=models["classify"])
+        # Hidden states need no head: any checkpoint embeds.
     assert pipeline("embed", model=models["squad"])(["the film"]).shape == (1, 32)
 
 
@@ -175,6 +179,16 @@ def test_predict_names_an_undecodable_input_before_loading_the_model(models, tmp
                  "--output", str(tmp_path / "out.tsv")]) == 2
     assert f"error: {data}:3: not UTF-8 text (byte 0xe9 at byte offset 13)" in _error(capsys)
     assert not (tmp_path / "out.tsv").exists()
+
+
+def test_extract_features_reads_its_input_before_the_model(config_only, tmp_path, capsys):
+    data = tmp_path / "in.txt"
+    for content, message in ((b"good film\n" + LATIN1 + b" ||| bad\n", f"{data}:2: not UTF-8 text (byte 0xe9"),
+                             (b"", f"{data}: no examples (an empty file)")):
+        data.write_bytes(content)
+        assert main(["extract-features", "--model", str(config_only), "--input-file", str(data),
+                     "--output-file", str(tmp_path / "f.jsonl")]) == 2
+        assert f"error: {message}" in _error(capsys)
 
 
 def test_an_empty_glue_file_is_named_before_the_model_loads(config_only, tmp_path, capsys):
