@@ -236,12 +236,14 @@ def test_a_few_unalignable_answers_are_only_skipped():
 
 def test_prepare_pretraining_counts_replaced_bytes_and_strict_refuses(uncased_vocab, tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
-    corpus.write_bytes(b"The cat sat on the mat.\nIt was a " + LATIN1 + b" cat.\n\nA dog ran home.\nIt \xff\xfe slept.\n")
+    corpus.write_bytes(b"The cat sat on the mat.\nIt was a " + LATIN1 + b" cat.\n\n"
+                       b"A dog ran home.\nIt \xff\xfe slept.\n")
     out, strict = tmp_path / "out", tmp_path / "strict"
     flags = ["prepare-pretraining", "--input", str(corpus), "--vocab", str(uncased_vocab), "--input-format", "bert",
              "--dupe-factor", "1", "--quiet", "--output-dir"]
     assert main(flags + [str(out)]) == 0
-    assert f"replaced 3 byte(s) that are not UTF-8 with U+FFFD in 1 file(s) (first: {corpus})" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"replaced 3 byte(s) that are not UTF-8 with U+FFFD in 1 file(s) (first: {corpus})" in err
     index = json.loads((out / "index.json").read_text())
     assert index["replaced_bytes"] == {str(corpus): 3} and index["stats"]["replaced_bytes"] == 3
 

@@ -21,5 +21,6 @@ __all__ = [
     "PRESETS", "BertConfig", "BertModel", "EncoderOutput", "BertForPreTraining", "BertForMaskedLM",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
     "BertForMultipleChoice", "PreTrainingOutput", "TaskOutput", "QuestionAnsweringOutput",
-    "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "require_trained_head", "quantize_int8", "Int8Linear",
+    "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "require_trained_head",
+    "quantize_int8", "Int8Linear",
 ]

@@ -114,7 +114,7 @@ def _corrupt_json(data: bytes, rng: random.Random) -> tuple[str, bytes]:
     while isinstance(node, (dict, list)) and node and (not path or rng.random() < 0.8):
         key = rng.choice(list(node)) if isinstance(node, dict) else rng.randrange(len(node))
         path.append(key)
-        parent, node = node, node[key]
+        node = node[key]
     if not path:
         return "root replaced", json.dumps(rng.choice(WRONG_VALUES)).encode()
     corrupted = copy.deepcopy(root)
