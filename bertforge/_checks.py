@@ -68,7 +68,7 @@ def check_flags(args: argparse.Namespace) -> None:
     threshold = values.get("null_score_diff_threshold")
     if threshold is not None and not math.isfinite(threshold):
         raise ValueError(f"--null-score-diff-threshold must be a finite number, got {threshold}")
-    _check_positions(values)
+    check_positions(args)
     if values.get("command") == "finetune" and values.get("task_family") == "squad":
         from .tasks.squad import SquadSettings
 
@@ -80,9 +80,10 @@ def check_flags(args: argparse.Namespace) -> None:
                          f"({values['max_seq_length']}) so that windows overlap")
 
 
-def _check_positions(values: dict) -> None:
-    """--max-seq-length against the model's position embeddings (config.json only)."""
-    model, length = values.get("model"), values.get("max_seq_length")
+def check_positions(args: argparse.Namespace) -> None:
+    """--max-seq-length against the position embeddings in --model's config.json (read alone; a model
+    that is not a local directory yet, a Hub id, is skipped)."""
+    model, length = getattr(args, "model", None), getattr(args, "max_seq_length", None)
     if model is None or length is None:
         return
     positions = model_positions(model)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from .._files import read_text, temporary_file
 from ..modeling import BertModel
+from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
 
 PAIR_SEPARATOR = " ||| "
@@ -90,7 +91,7 @@ def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike
     """Write Google's extract_features.py JSON lines for every example of `input_file`; returns the count."""
     examples = read_examples(input_file)  # bad input is reported before the model loads
     model = BertModel.from_pretrained(model_dir)
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = temporary_file(output_file.parent, prefix=f".{output_file.name}.", suffix=".tmp")
