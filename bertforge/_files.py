@@ -40,6 +40,39 @@ def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
             os.unlink(temporary)
 
 
+def read_text(path: str | os.PathLike) -> str:
+    """The whole of a UTF-8 text file (a leading byte-order mark dropped), newlines untranslated.
+
+    A byte that is not UTF-8 is a `ValueError` naming the file, line and byte offset: every data
+    reader goes through here so that a Latin-1 file never surfaces as a bare `UnicodeDecodeError`
+    without a file name. Newlines are kept as written so that the csv module sees quoted ones.
+    """
+    with open(path, "rb") as handle:
+        data = handle.read()
+    start = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+    try:
+        return data[start:].decode("utf-8")
+    except UnicodeDecodeError as error:
+        offset = start + error.start
+        line = data.count(b"\n", 0, offset) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{data[offset]:02x} at byte offset {offset}); "
+                         f"re-save the file as UTF-8") from None
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` through a temporary file renamed into place: an interrupted
+    write never leaves a truncated file that looks finished, and never half-replaces an old one."""
+    path = os.fspath(path)
+    handle, temporary = temporary_file(os.path.dirname(path) or ".", prefix=".tmp.", suffix=".part")
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+
+
 # -- unfinished runs -------------------------------------------------------------------------------
 
 RUNNING = "RUNNING"  # in a run's output directory from its start until it finished

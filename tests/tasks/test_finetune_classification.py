@@ -98,7 +98,7 @@ def test_predict_writes_the_glue_submission_format(tiny_model, sst2_dir, tmp_pat
     out = tmp_path / "out"
     assert main(["finetune", "glue", "--task", "SST-2", "--data-dir", str(sst2_dir.parent), "--model",
                  str(tiny_model), "--output-dir", str(out), "--epochs", "1", "--batch-size", "32", "--lr", "1e-3",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--max-seq-length", "64"]) == 0
     lines = (out / "SST-2.tsv").read_text().splitlines()  # written after training, from the best model
     assert lines[0] == "index\tprediction" and len(lines) == 11
     assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(10)]
@@ -144,7 +144,7 @@ def test_an_lr_grid_of_one_run_keeps_the_grid_layout_and_resume_reads_it_back(ti
     out = tmp_path / "out"
     command = ["finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent), "--model", str(tiny_model),
                "--output-dir", str(out), "--lr-grid", "1e-3", "--seed", "7", "--epochs", "1", "--max-train-examples",
-               "32", "--no-progress", "--no-test-predictions"]
+               "32", "--no-progress", "--no-test-predictions", "--max-seq-length", "64"]
     assert main(command) == 0
     run_dir = out / "lr0.001-seed7"
     summary = json.loads((out / "summary.json").read_text())
