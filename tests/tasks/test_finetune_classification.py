@@ -340,7 +340,8 @@ def test_a_killed_run_is_marked_unfinished(tiny_model, sst2_dir, tmp_path, capsy
     process = subprocess.Popen(
         [sys.executable, "-m", "bertforge", "finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent),
          "--model", str(tiny_model), "--output-dir", str(out), "--epochs", "1000", "--batch-size", "16",
-         "--max-train-examples", "32", "--eval-every", "2", "--lr", "1e-3", "--no-progress", "--no-test-predictions"],
+         "--max-train-examples", "32", "--eval-every", "2", "--lr", "1e-3", "--no-progress", "--no-test-predictions",
+         "--max-seq-length", "64"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
@@ -369,7 +370,8 @@ def test_a_non_finite_loss_is_one_line_naming_the_checkpoint_to_resume_from(tiny
     out = tmp_path / "out"
     command = ["finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent), "--model", str(tiny_model),
                "--output-dir", str(out), "--max-train-examples", "64", "--batch-size", "16", "--epochs", "3",
-               "--save-every", "4", "--log-every", "2", "--lr", "1e-3", "--no-progress", "--no-test-predictions"]
+               "--save-every", "4", "--log-every", "2", "--lr", "1e-3", "--no-progress", "--no-test-predictions",
+               "--max-seq-length", "64"]
     assert main(command) == 2
     error = capsys.readouterr().err
     checkpoints = out / "checkpoints"
