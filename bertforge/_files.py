@@ -38,3 +38,16 @@ def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file renamed into place: a reader never sees half a file."""
+    path = os.fspath(path)
+    handle, temporary = temporary_file(os.path.dirname(path) or ".", prefix=".write.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)

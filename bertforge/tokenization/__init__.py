@@ -1,6 +1,7 @@
 """WordPiece tokenization exactly as Google's tokenization.py, on a fast and a reference backend."""
 
 from .tokenizer import BertTokenizer, truncated_lengths
-from .vocab import SPECIAL_TOKENS, load_vocab, train_vocab
+from .vocab import SPECIAL_TOKENS, load_vocab, train_vocab, vocab_fingerprint
 
-__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "load_vocab", "train_vocab", "truncated_lengths"]
+__all__ = ["BertTokenizer", "SPECIAL_TOKENS", "load_vocab", "train_vocab", "truncated_lengths",
+           "vocab_fingerprint"]
