@@ -231,14 +231,23 @@ def _run_parallel(jobs: list[dict], bar) -> list[dict]:
     return [results[w] for w in range(len(jobs))]
 
 
-def _clear_outputs(directory: Path) -> None:
-    """Remove a previous run's index and shards (only files of this format's naming)."""
+def _clear_outputs(directory: Path, vocab_file: Path) -> None:
+    """Remove a previous run's index, shards and vocabulary files (only files of this format's naming;
+    `_check_vocab_target` has made sure that a `vocab.txt` here is such a copy, unless it is `vocab_file`)."""
+    from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
+    from ..tokenization.vocab import VOCAB_NAME
+
     index = directory / INDEX_NAME
     if index.exists():
         index.unlink()
+    (directory / CONTINUATION_NAME).unlink(missing_ok=True)
     for entry in directory.iterdir():
         if entry.is_file() and _STALE.match(entry.name):
             entry.unlink()
+    copy = directory / VOCAB_NAME
+    if copy.is_file() and not copy.samefile(vocab_file):
+        copy.unlink()
+        (directory / TOKENIZER_CONFIG_NAME).unlink(missing_ok=True)
 
 
 def _check_vocab_target(directory: Path, vocab_file: Path, fingerprint: str) -> None:
@@ -338,7 +347,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     directory = Path(output_dir)
     _check_vocab_target(directory, vocab_path, fingerprint)
     directory.mkdir(parents=True, exist_ok=True)
-    _clear_outputs(directory)
+    _clear_outputs(directory, vocab_path)
     workers = min(workers, len(files))
     base = {
         "vocab_file": str(vocab_file), "do_lower_case": tokenizer.do_lower_case, "output_dir": str(directory),
@@ -359,7 +368,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
             else:
                 results = _run_parallel(jobs, bar)
         except BaseException:
-            _clear_outputs(directory)
+            _clear_outputs(directory, vocab_path)
             raise
 
     stats: Counter = Counter()
@@ -368,7 +377,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
         stats.update(result["stats"])
         formats.update(result["formats"])
     if stats["documents"] == 0:
-        _clear_outputs(directory)
+        _clear_outputs(directory, vocab_path)
         raise ValueError(f"no documents in the {len(files)} input file(s): the corpus is empty")
 
     shards = []

@@ -502,6 +502,14 @@ def test_output_dir_gets_the_vocabulary_and_keeps_the_users(vocab, tmp_path):
     # ... and the vocabulary given may live in the output directory itself.
     _prepare([sample], out / "vocab.txt", out, dupe_factor=1)
     assert (out / "vocab.txt").read_bytes() == other.read_bytes()
+    # A failed run leaves nothing that looks finished, and does not block the next one.
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        _prepare([empty], vocab, out, dupe_factor=1)
+    assert sorted(p.name for p in out.iterdir()) == []
+    _prepare([sample], vocab, out, dupe_factor=1)
+    assert (out / "vocab.txt").read_bytes() == Path(vocab).read_bytes()
     # A vocab.txt the user put there is not overwritten: an error before any work, the directory untouched.
     mine = tmp_path / "mine"
     mine.mkdir()
