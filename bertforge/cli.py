@@ -30,10 +30,31 @@ def cmd_vocab(args: argparse.Namespace) -> None:
     from .tokenization import train_vocab
 
     files = _expand(args.input)
+    if args.extend:
+        cmd_vocab_extend(args, files)
+        return
     vocab = train_vocab(files, vocab_size=args.vocab_size, lowercase=not args.cased,
                         min_frequency=args.min_frequency, output=args.output)
     print(f"wrote {args.output}: {len(vocab)} tokens ({'cased' if args.cased else 'uncased'}) "
           f"from {len(files)} file(s)")
+
+
+def cmd_vocab_extend(args: argparse.Namespace, files: list[str]) -> None:
+    """`vocab --extend`: the domain's words in the [unusedN] slots of an existing vocabulary."""
+    from .pretraining.text import read_documents
+    from .tokenization.extend import extend_vocab, report_path
+
+    if args.cased:
+        raise ValueError("--cased: with --extend, case and accents follow the model's tokenizer settings")
+    # The text prepare-pretraining reads (WikiExtractor markup and repeated titles dropped).
+    texts = (sentence for file in files for document in read_documents(file) for sentence in document)
+    report = extend_vocab(args.extend, texts, args.output, max_new=args.max_new, min_pieces=args.min_pieces,
+                          min_count=args.min_count, inputs=files)
+    before, after = report["before"], report["after"]
+    print(f"wrote {args.output}: {report['new_words']} new words in [unusedN] slots ({report['unused_slots_left']} "
+          f"left); {report['new_word_occurrences']:,} of {report['words']:,} word occurrences "
+          f"({100 * report['new_word_share']:.2f}%) become single tokens; tokens per word "
+          f"{before['tokens_per_word']:.4f} -> {after['tokens_per_word']:.4f}; report {report_path(args.output)}")
 
 
 def cmd_extract_features(args: argparse.Namespace) -> None:
@@ -84,7 +105,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     except NonFiniteLossError as error:  # diverged: say where to resume from, no traceback
         raise SystemExit(f"bertforge pretrain: error: {error}") from None
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"pre-trained {args.config}: log {Path(args.output_dir) / 'log.jsonl'}, "
+        print(f"pre-trained {args.init_from or args.config or 'base'}: log {Path(args.output_dir) / 'log.jsonl'}, "
               f"checkpoints {Path(args.output_dir) / 'checkpoints'}, model {final}")
 
 
@@ -364,7 +385,8 @@ def _lr_list(text: str) -> list[float]:
 def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float = 2e-5, epochs: float = 3.0, batch_size: int = 32,
                         max_seq_length: int = 128) -> None:
     """The flags every `finetune` task shares (defaults: the paper's, per task)."""
-    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt)")
+    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt) "
+                   "or Hub id (org/name[@revision])")
     p.add_argument("--output-dir", required=True)
     p.add_argument("--max-seq-length", type=int, default=max_seq_length)
     p.add_argument("--lr", type=float, default=lr)
@@ -425,6 +447,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", required=True, help="vocab.txt to write")
     p.add_argument("--cased", action="store_true", help="keep case and accents (default: lower-case, strip accents)")
     p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--extend", metavar="MODEL_OR_VOCAB", help="instead of training: put the --input domain's "
+                   "words that this vocab.txt (or model directory) splits into --min-pieces or more pieces into "
+                   "its [unusedN] slots, by tokens saved; every other id kept (report: OUTPUT's stem + .extend.json)")
+    p.add_argument("--max-new", type=int, help="--extend: words to add (default: as many as there are free slots)")
+    p.add_argument("--min-pieces", type=int, default=3, help="--extend: add only words split into this many pieces")
+    p.add_argument("--min-count", type=int, default=2, help="--extend: add only words seen this many times")
     p.set_defaults(func=cmd_vocab)
 
     p = commands.add_parser("extract-features", help="hidden states of chosen layers as JSON lines")
@@ -474,15 +502,19 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Pre-train on `prepare-pretraining` output. Multi-process: "
                             "torchrun --nproc_per_node N -m bertforge pretrain ... (--batch-size stays global).")
     p.add_argument("--data", required=True, help="prepared instances (prepare-pretraining's output directory)")
-    p.add_argument("--config", default="base",
-                   help="tiny, mini, small, medium, base, large, or a config.json (default: base)")
+    p.add_argument("--config", help="tiny, mini, small, medium, base, large, or a config.json (default: base; "
+                   "with --init-from the model's)")
+    p.add_argument("--init-from", metavar="MODEL", help="continue pre-training MODEL (a checkpoint directory, "
+                   "convert-tf output or Hub id such as google-bert/bert-base-uncased[@revision]): its weights "
+                   "and architecture; the data prepared with its vocab.txt (or one with [unusedN] replaced)")
     p.add_argument("--output-dir", required=True, help="log.jsonl, checkpoints/ and final/ go here")
     p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt, which "
-                   "prepare-pretraining writes; needed only for data prepared without it)")
+                   "prepare-pretraining writes, else --init-from's; needed only for data prepared without it)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch, all processes together")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 1%% of all steps)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4; with --init-from 5e-5)")
+    p.add_argument("--warmup-steps", type=int, help="linear warm-up steps (default: 1%% of all steps; with "
+                   "--init-from 10%%)")
     p.add_argument("--max-steps", type=int, help="optimizer steps, both phases (default: one epoch of --data)")
     p.add_argument("--epochs", type=float, help="passes over --data (instead of --max-steps)")
     p.add_argument("--max-minutes", type=float, help="wall-clock budget: when spent, stop as if at the last step "
@@ -668,6 +700,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_attach_negative_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        # A Hub id names a model as a directory does (serve resolves its own, to report a failure its way).
+        for flag in ("model", "init_from"):
+            if isinstance(getattr(args, flag, None), str) and args.command != "serve":
+                from .modeling.pretrained import resolve_model_dir
+
+                setattr(args, flag, str(resolve_model_dir(getattr(args, flag))))
         args.func(args)
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as error:
         # Bad input is the user's to fix: one clear line, no traceback.

@@ -8,6 +8,7 @@ that folder is absent.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# Models named by Hub id come from the cache only: nothing in the suite touches a network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SHARED_DATA = REPO / ".." / "shared" / "data"
 
 
@@ -75,3 +78,35 @@ def _run_two_processes(args: list[str]) -> subprocess.CompletedProcess:
 def torchrun():
     """`torchrun(args)`: run `args` (a script, or `-m module ...`) as two local processes (Gloo on CPU)."""
     return _run_two_processes
+
+
+def add_to_hub_cache(cache: Path, repo_id: str, commit: str, files: dict[str, bytes], ref: str | None = "main") -> Path:
+    """Write `files` as the hub does: content-addressed blobs, a snapshot of symlinks, refs/REF -> commit."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, content in files.items():
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.write_bytes(content)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    if ref is not None:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face Hub cache under tmp_path: HF_HUB_CACHE, read with HF_HUB_OFFLINE=1."""
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache
+
+
+@pytest.fixture(name="add_to_hub_cache")
+def add_to_hub_cache_fixture():
+    """`add_to_hub_cache(cache, repo_id, commit, files, ref="main")` for tests in any folder."""
+    return add_to_hub_cache

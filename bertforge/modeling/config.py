@@ -130,7 +130,12 @@ class BertConfig:
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "BertConfig":
+        """`directory/config.json` (or a config file); `directory` may name a Hub model (`resolve_model_dir`)."""
         directory = Path(directory)
+        if not directory.exists():
+            from .pretrained import resolve_model_dir  # (pretrained.py builds on this module)
+
+            directory = resolve_model_dir(directory)
         return cls.from_json_file(directory / CONFIG_NAME if directory.is_dir() else directory)
 
     def save_pretrained(self, directory: str | os.PathLike, architecture: str | None = None) -> None:

@@ -11,6 +11,12 @@ second continues the same model, optimizer and learning-rate schedule on the sec
 
 `run_pretraining(PretrainingArguments(...))` is what `bertforge pretrain` calls; it writes
 `OUT/log.jsonl`, `OUT/checkpoints/` and, at the end, `OUT/final/` in `from_pretrained` layout.
+
+Continued pre-training (`init_from=MODEL`, a directory or a Hub id) starts from MODEL's weights and
+architecture: the encoder, and the MLM and NSP heads where MODEL has them (the others are initialised
+and logged by name). The data must have been prepared with MODEL's vocabulary or an extension of it
+(some `[unusedN]` entries replaced by new words; each such embedding row starts as the mean of the rows
+of the pieces MODEL's tokenizer splits the new word into).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,7 @@ from torch import nn
 from ..modeling import BertConfig, BertForPreTraining
 from ..modeling.config import PRESETS
 from ..modeling.heads import IGNORE_INDEX
+from ..modeling.pretrained import resolve_model_dir
 from ..training import Phase, Trainer, TrainingArguments
 from ..training.checkpoint import latest_checkpoint, seed_everything
 from ..training.distributed import setup
@@ -40,6 +48,14 @@ logger = logging.getLogger("bertforge")
 
 OBJECTIVES = ("mlm", "ltr")
 FINAL_DIR = "final"
+# Peak learning rate and warm-up share when none is given: from scratch (Google's BERT-base recipe
+# scaled to small batches), and when continuing a pre-trained model (a smaller step keeps what it knows).
+SCRATCH_LR, SCRATCH_WARMUP_RATIO = 1e-4, 0.01
+CONTINUED_LR, CONTINUED_WARMUP_RATIO = 5e-5, 0.1
+# The config fields that fix the architecture (and so the shapes of the weights).
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                       "hidden_act", "max_position_embeddings", "type_vocab_size")
+_UNUSED = re.compile(r"\[unused\d+\]")
 
 
 # -- what one step computes ------------------------------------------------------------------------
@@ -144,12 +160,14 @@ def perplexity(record: dict[str, Any]) -> dict[str, float]:
 class PretrainingArguments:
     data: str | os.PathLike
     output_dir: str | os.PathLike
-    config: str = "base"  # a preset (tiny ... large) or a config.json path
-    vocab: str | os.PathLike | None = None  # default: DATA/vocab.txt
+    config: str | None = None  # a preset (tiny ... large) or a config.json path; default base (or init_from's)
+    vocab: str | os.PathLike | None = None  # default: DATA/vocab.txt (else init_from's vocab.txt)
+    init_from: str | os.PathLike | None = None  # continue pre-training this model (a directory or a Hub id)
     batch_size: int = 32
     grad_accum: int = 1
-    lr: float = 1e-4
-    warmup_steps: int | None = None  # default: 1% of all steps (the paper: 10,000 of 1,000,000)
+    lr: float | None = None  # default SCRATCH_LR, or CONTINUED_LR with init_from
+    # default: 1% of all steps (the paper: 10,000 of 1,000,000), or 10% with init_from
+    warmup_steps: int | None = None
     max_steps: int | None = None  # all steps, both phases; None: `epochs` passes (1 if neither is given)
     epochs: float | None = None
     weight_decay: float = 0.01
@@ -205,16 +223,20 @@ def resolve_config(name: str, vocab_size: int, objective: str, max_seq_length: i
     return config
 
 
-def _vocab_file(args: PretrainingArguments, data: PretrainingDataset) -> Path:
+def _vocab_file(args: PretrainingArguments, data: PretrainingDataset, model_dir: Path | None = None) -> Path:
     """The vocabulary `data` was prepared with, shipped with the final model: DATA/vocab.txt (written by
-    prepare-pretraining), or --vocab, which must then have the data's fingerprint (index.json's `vocab_hash`).
+    prepare-pretraining), else --init-from's vocab.txt (checked against the data by `check_init_vocabulary`),
+    or --vocab, which must then have the data's fingerprint (index.json's `vocab_hash`).
 
-    Data prepared before the vocabulary was copied into it has no DATA/vocab.txt and needs --vocab.
+    Data prepared before the vocabulary was copied into it has no DATA/vocab.txt and needs --vocab (or
+    --init-from the model whose vocabulary it was prepared with).
     """
     from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
 
     shipped = Path(args.data) / VOCAB_NAME
     if not args.vocab:
+        if not shipped.is_file() and model_dir is not None and (model_dir / VOCAB_NAME).is_file():
+            return model_dir / VOCAB_NAME
         if not shipped.is_file():
             raise FileNotFoundError(f"vocabulary not found: {shipped}; pass --vocab, the vocab.txt the data was "
                                     "prepared with")
@@ -231,9 +253,110 @@ def _vocab_file(args: PretrainingArguments, data: PretrainingDataset) -> Path:
     return path
 
 
-def build_model(config: BertConfig, seed: int, nsp: bool) -> BertForPreTraining:
+def init_config(model_dir: Path, config: str | None, objective: str, max_seq_length: int) -> BertConfig:
+    """MODEL's config.json: the architecture continued pre-training keeps. A --config that names
+    another architecture is an error; the data must fit MODEL's position embeddings."""
+    from ..modeling.config import CONFIG_NAME
+
+    model_config = BertConfig.from_pretrained(model_dir)
+    if config is not None:
+        if config in PRESETS:  # (a preset takes the vocabulary size from the model's)
+            given = BertConfig.preset(config, vocab_size=model_config.vocab_size)
+        elif Path(config).is_file():
+            given = BertConfig.from_json_file(config)
+        else:
+            raise ValueError(f"--config {config!r}: not a preset ({', '.join(PRESETS)}) nor a config.json file")
+        differ = [f"{name}={getattr(given, name)!r} (the model: {getattr(model_config, name)!r})"
+                  for name in ARCHITECTURE_FIELDS if getattr(given, name) != getattr(model_config, name)]
+        if differ:
+            raise ValueError(f"--config {config} disagrees with --init-from {model_dir / CONFIG_NAME}: "
+                             f"{', '.join(differ)}; the architecture comes from the model: drop --config")
+    if objective == "ltr":
+        model_config = BertConfig.from_dict({**model_config.to_dict(), "is_causal": True})
+    if max_seq_length > model_config.max_position_embeddings:
+        raise ValueError(f"the data has sequences of {max_seq_length} tokens, {model_dir} only "
+                         f"{model_config.max_position_embeddings} position embeddings")
+    return model_config
+
+
+def check_init_vocabulary(model_dir: Path, vocab_file: Path, datasets: list[PretrainingDataset]) -> dict[int, str]:
+    """Check that the data was prepared with MODEL's vocabulary or an extension of it; return the
+    extension's new words by id (empty for MODEL's own vocabulary).
+
+    An extension is MODEL's vocab.txt with some `[unusedN]` entries replaced by new words: the same
+    size, every other id unchanged. Vocabularies are compared by `vocab_fingerprint`, the data by the
+    fingerprint stored in its index. Raises ValueError naming the vocabulary to prepare the data with.
+    """
+    from ..tokenization.vocab import load_vocab, vocab_fingerprint
+
+    model_vocab_file = model_dir / "vocab.txt"
+    if not model_vocab_file.is_file():
+        raise FileNotFoundError(f"--init-from {model_dir} has no vocab.txt: the model's vocabulary is needed to "
+                                "check the data")
+    model_vocab, data_vocab = load_vocab(model_vocab_file), load_vocab(vocab_file)
+    advice = (f"prepare it with the model's vocabulary (bertforge prepare-pretraining --vocab {model_vocab_file} "
+              "...) or a copy of it whose [unusedN] entries were replaced by new words")
+    fingerprints = {vocab_fingerprint(model_vocab): str(model_vocab_file),
+                    vocab_fingerprint(data_vocab): str(vocab_file)}
+    for dataset in datasets:
+        made_with = dataset.index.get("vocab_hash")
+        if made_with not in fingerprints:
+            raise ValueError(f"pre-training data {dataset.path} was prepared with another vocabulary (vocab_hash "
+                             f"{made_with}) than --init-from {model_dir}'s: {advice}")
+        if made_with != vocab_fingerprint(data_vocab):
+            raise ValueError(f"pre-training data {dataset.path} was prepared with {fingerprints[made_with]}, not "
+                             f"with --vocab {vocab_file}: drop --vocab or pass that one")
+    if vocab_fingerprint(data_vocab) == vocab_fingerprint(model_vocab):
+        return {}
+    model_tokens = sorted(model_vocab, key=model_vocab.get)
+    data_tokens = sorted(data_vocab, key=data_vocab.get)
+    changed = [(i, old, new) for i, (old, new) in enumerate(zip(model_tokens, data_tokens)) if old != new]
+    wrong = [(i, old, new) for i, old, new in changed if not _UNUSED.fullmatch(old)]
+    if len(model_tokens) != len(data_tokens) or wrong:
+        what = (f"{len(data_tokens)} tokens, the model's {len(model_tokens)}" if len(model_tokens) != len(data_tokens)
+                else "; ".join(f"id {i}: {new!r} for the model's {old!r}" for i, old, new in wrong[:3]))
+        raise ValueError(f"the data's vocabulary {vocab_file} is not --init-from {model_dir}'s nor an extension of "
+                         f"it (only [unusedN] entries replaced) ({what}): {advice}")
+    return {i: new for i, _, new in changed}
+
+
+@torch.no_grad()
+def init_new_words(model: BertForPreTraining, model_dir: Path, new_words: dict[int, str]) -> None:
+    """Start each new word's embedding row (and MLM output bias) as the mean of those of the pieces
+    MODEL's tokenizer splits the word into, so it begins where MODEL already understood it; a word of
+    unknown pieces keeps its random row. The MLM decoder, tied to the embeddings, follows."""
+    from ..tokenization import BertTokenizer
+
+    if not new_words:
+        return
+    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    embeddings = model.bert.embeddings.word_embeddings.weight
+    bias = model.cls.predictions.bias
+    for index, word in sorted(new_words.items()):
+        continuation = word.startswith("##")
+        pieces = tokenizer.tokenize(word[2:] if continuation else word)
+        if continuation and pieces and f"##{pieces[0]}" in tokenizer.vocab:  # "##ness": a word's inside
+            pieces[0] = f"##{pieces[0]}"
+        ids = [tokenizer.vocab[p] for p in pieces if p in tokenizer.vocab and p != "[UNK]"]
+        if not ids:
+            logger.warning("new word %r (id %d): MODEL's tokenizer has no pieces for it; its embedding row is "
+                           "initialised at random", word, index)
+            continue
+        embeddings[index] = embeddings[ids].mean(0)
+        bias[index] = bias[ids].mean()
+        logger.info("new word %r (id %d): embedding row initialised as the mean of %s", word, index, pieces)
+
+
+def build_model(config: BertConfig, seed: int, nsp: bool, init_from: Path | None = None,
+                new_words: dict[int, str] | None = None) -> BertForPreTraining:
+    """A BertForPreTraining of `config`: initialised at random, or from `init_from`'s weights (heads it
+    lacks initialised and logged by name; `new_words` rows by `init_new_words`)."""
     seed_everything(seed)
-    model = BertForPreTraining(config)
+    if init_from is None:
+        model = BertForPreTraining(config)
+    else:
+        model = BertForPreTraining.from_pretrained(init_from, config=config).train()
+        init_new_words(model, init_from, new_words or {})
     if not nsp:
         # No NSP loss: the pooler and NSP classifier get no gradient. Frozen, they stay out of the
         # optimizer and of DDP's gradient reduction (which would wait for them forever).
@@ -256,15 +379,22 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
         raise ValueError("a second phase needs both --phase2-data and --phase2-steps")
     step = LeftToRightStep() if args.objective == "ltr" else MaskedLMStep(nsp=args.nsp, unpad=args.unpad)
     output_dir = Path(args.output_dir)
+    model_dir = resolve_model_dir(args.init_from) if args.init_from else None
 
     train = open_dataset(args.data, args.seed)
     phase2 = open_dataset(args.phase2_data, args.seed) if args.phase2_data else None
     evaluation = open_dataset(args.eval_data, args.seed) if args.eval_data else None
     datasets = [d for d in (train, phase2, evaluation) if d is not None]
-    vocab_file = _vocab_file(args, train)
+    vocab_file = _vocab_file(args, train, model_dir)
     vocab = load_vocab(vocab_file)
     vocab_size = max(vocab.values()) + 1
-    config = resolve_config(args.config, vocab_size, args.objective, max(d.index["max_seq_length"] for d in datasets))
+    max_seq_length = max(d.index["max_seq_length"] for d in datasets)
+    new_words: dict[int, str] = {}
+    if model_dir is None:
+        config = resolve_config(args.config or "base", vocab_size, args.objective, max_seq_length)
+    else:
+        config = init_config(model_dir, args.config, args.objective, max_seq_length)
+        new_words = check_init_vocabulary(model_dir, vocab_file, datasets)
     for dataset in datasets:  # (sequence lengths may differ between phases; resolve_config checked them)
         dataset.check_compatible(config.vocab_size, vocab_fingerprint(vocab))
 
@@ -283,25 +413,29 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
     training = TrainingArguments(
         output_dir=output_dir, batch_size=args.batch_size, grad_accum=args.grad_accum,
         max_steps=args.max_steps, epochs=args.epochs if args.epochs is not None or args.max_steps is not None else 1.0,
-        lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
-        warmup_ratio=0.01 if args.warmup_steps is None else None, precision=args.precision,
+        lr=args.lr if args.lr is not None else CONTINUED_LR if model_dir else SCRATCH_LR,
+        weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
+        warmup_ratio=None if args.warmup_steps is not None else CONTINUED_WARMUP_RATIO if model_dir
+        else SCRATCH_WARMUP_RATIO, precision=args.precision,
         max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every, save_every=args.save_every,
         keep_last=args.keep_last, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
         num_workers=args.num_workers, num_threads=args.num_threads, device=args.device, fsdp=args.fsdp,
         progress=args.progress, max_minutes=args.max_minutes, budget_schedule=args.budget_schedule)
     context = setup(args.device)
     try:
-        model = build_model(config, args.seed, step.nsp)
+        model = build_model(config, args.seed, step.nsp, model_dir, new_words)
         trainer = Trainer(
             model, training, collate=collate, step_fn=step, phases=phases, count_fn=step.counts,
             eval_dataset=evaluation, eval_fn=step.eval, summarize_fn=perplexity, context=context,
             checkpoint_extra={"pretraining": {
                 "objective": args.objective, "nsp": step.nsp, "vocab_hash": vocab_fingerprint(vocab),
-                "data": str(args.data), "phase2_data": str(args.phase2_data) if args.phase2_data else None}})
+                "data": str(args.data), "phase2_data": str(args.phase2_data) if args.phase2_data else None,
+                "init_from": str(args.init_from) if args.init_from else None}})
         if context.is_main:
             parameters = sum(p.numel() for p in model.parameters())
-            logger.info("pre-training %s (%.1fM parameters) for %d steps on %d process(es)", args.config,
-                        parameters / 1e6, trainer.total_steps, context.world_size)
+            logger.info("pre-training %s (%.1fM parameters) for %d steps on %d process(es)",
+                        args.init_from or args.config or "base", parameters / 1e6, trainer.total_steps,
+                        context.world_size)
         result = trainer.train(resume_from=resume or None, stop_at_step=stop_at_step)
         final = output_dir / FINAL_DIR
         finished = trainer.step == trainer.total_steps or result.budget_spent

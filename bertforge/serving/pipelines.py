@@ -37,6 +37,7 @@ from ..modeling import (
     optimize_for_inference,
 )
 from ..modeling.inference import default_row_bucket
+from ..modeling.pretrained import resolve_model_dir
 from ..tasks.windows import max_context_window
 from ..tasks.windows import windows as _windows
 from ..tokenization import BertTokenizer
@@ -269,9 +270,7 @@ class Pipeline:
             self.model_dir = None
             module = model.eval()
         else:
-            self.model_dir = Path(model)
-            if not self.model_dir.is_dir():
-                raise FileNotFoundError(f"model directory not found: {self.model_dir}")
+            self.model_dir = resolve_model_dir(model)  # a local directory, or a Hub id's cached snapshot
             module = None
         self.config: BertConfig = module.config if module is not None else BertConfig.from_pretrained(self.model_dir)
         self.tokenizer = tokenizer if tokenizer is not None else BertTokenizer.from_pretrained(self.model_dir)

@@ -47,6 +47,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from ..modeling.pretrained import resolve_model_dir
 from .pipelines import PIPELINES, Pipeline, PipelineInputError, pipeline, resolve_task, task_for_checkpoint
 
 logger = logging.getLogger("bertforge.serve")
@@ -461,6 +462,7 @@ def load_pipelines(model: str, tasks: Sequence[str] | None = None, backend: str 
                    max_length: int | None = None, onnx_model: str | None = None,
                    dtype: str | None = None) -> dict[str, Pipeline]:
     """The pipelines to serve (default: the one the checkpoint was trained for); `dtype`: see `Pipeline`."""
+    model = str(resolve_model_dir(model))  # a Hub id: fetched once, for every pipeline
     names = [resolve_task(t) for t in (tasks or [task_for_checkpoint(model)])]
     if onnx_model is not None and len(names) > 1:
         raise ValueError("--onnx-model holds one task's graph: serve one --task with it")

@@ -268,10 +268,11 @@ def multiple_choice_task(model_dir: str | os.PathLike, train_file: str | os.Path
     """The `FinetuneTask` of a SWAG-layout task: `BertForMultipleChoice` on the pre-trained encoder, accuracy on
     dev (main metric), and OUT/dev_predictions.jsonl from the best model. `eval_batch_size` counts examples."""
     from ..modeling import BertForMultipleChoice
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
     from ..training.finetune import FinetuneTask
 
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_swag_file(train_file, max_examples=max_train_examples)
     dev = read_swag_file(dev_file)
     if len(train[0].endings) != len(dev[0].endings):
@@ -309,10 +310,11 @@ def predict_choice_file(model_dir: str | os.PathLike, input_file: str | os.PathL
     `bertforge.modeling.load_for_inference`.
     """
     from ..modeling import BertForMultipleChoice, load_for_inference
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
 
     examples = read_swag_file(input_file, require_labels=False)
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     model = load_for_inference(BertForMultipleChoice, model_dir, dtype)
     features = convert_examples_to_features(examples, tokenizer, max_seq_length)
     for feature in features:

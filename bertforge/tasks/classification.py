@@ -508,10 +508,11 @@ def classification_task(name: str, model_dir: str | os.PathLike, train_examples:
     example's prediction is the mean of its windows' logits. "truncate" (default): Google's truncation.
     """
     from ..modeling import BertForSequenceClassification
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
     from ..training.finetune import FinetuneTask
 
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     regression = label_list is None
     train_features = _convert(train_examples, tokenizer, label_list, max_seq_length, long_input, window_stride)
     dev_features = {split: _convert(examples, tokenizer, label_list, max_seq_length, long_input, window_stride)
@@ -565,6 +566,7 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
     `dtype` ("fp32", "bf16", "int8"): run the model through `optimize_for_inference` (None: as saved, padded).
     """
     from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
     from .glue import get_task, read_glue_file, write_predictions
 
@@ -596,7 +598,7 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
             raise ValueError(f"{input_file} is not a {spec.name} file:\n  " + "\n  ".join(errors))
     else:
         examples, _ = read_classify_file(input_file, regression, label_list=label_list, require_labels=False)
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     model = load_for_inference(BertForSequenceClassification, model_dir, dtype)
     features = _convert([InputExample(e.guid, e.text_a, e.text_b) for e in examples], tokenizer, label_list,
                         max_seq_length, long_input, window_stride)

@@ -290,6 +290,7 @@ def predict_conll_feature_based(model_dir: str | os.PathLike, input_file: str | 
                                 device: str | None = None) -> tuple[Path, dict[str, float] | None]:
     """`tagging.predict_conll` for a feature-based model: the recorded encoder (config.json
     `feature_based.encoder`) computes the features of the input, the BiLSTM tags them."""
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
 
     tagger = BiLSTMTagger.from_pretrained(model_dir)
@@ -300,7 +301,7 @@ def predict_conll_feature_based(model_dir: str | os.PathLike, input_file: str | 
                                 f"edit feature_based.encoder in its config.json to the checkpoint's new place")
     document_context = settings["document_context"] if document_context is None else document_context
     max_seq_length = max_seq_length or settings["max_seq_length"]
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     sentences, labelled = read_for_prediction(input_file, list(tagger.id2label.values()))
     pieces = word_piece_ids(tokenizer, (w for s in sentences for w in s.words))
     windows = build_windows(sentences, pieces, max_seq_length, tokenizer.cls_token_id, tokenizer.sep_token_id,

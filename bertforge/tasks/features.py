@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from .._files import temporary_file
 from ..modeling import BertModel
+from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
 
 PAIR_SEPARATOR = " ||| "
@@ -86,7 +87,7 @@ def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike
                      progress: bool = True) -> int:
     """Write Google's extract_features.py JSON lines for every example of `input_file`; returns the count."""
     model = BertModel.from_pretrained(model_dir)
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     examples = read_examples(input_file)
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)

@@ -463,6 +463,7 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
     """
     from ..metrics.squad import evaluate_v1, evaluate_v2, squad_metrics
     from ..modeling import BertForQuestionAnswering
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
     from ..training.finetune import FinetuneTask
 
@@ -471,7 +472,7 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
     settings = settings or SquadSettings()
     settings.check()
     v2 = version == "2.0"
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train, dev = read_squad_file(train_file), read_squad_file(dev_file)
     for data in (train, dev):
         impossible = next((e for e in data.examples if e.is_impossible), None)
@@ -526,6 +527,7 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
 
 def _load(model_dir: str | os.PathLike, overrides: dict[str, Any], dtype: str | None = None):
     from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
 
     config = BertConfig.from_pretrained(model_dir)
@@ -535,7 +537,7 @@ def _load(model_dir: str | os.PathLike, overrides: dict[str, Any], dtype: str | 
                                 **{k: v for k, v in overrides.items() if v is not None}})
     v2 = bool(config.extra.get("version_2_with_negative", False))
     model = load_for_inference(BertForQuestionAnswering, model_dir, dtype)
-    return model, BertTokenizer.from_pretrained(model_dir), settings, v2
+    return model, BertTokenizer.from_pretrained(resolve_model_dir(model_dir)), settings, v2
 
 
 def _predict(model, tokenizer, settings: SquadSettings, v2: bool, examples: list[SquadExample],

@@ -385,9 +385,10 @@ def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike
 
     `max_train_examples` keeps the first N training sentences (document context then comes from those).
     """
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
 
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_conll(train_file)
     if max_train_examples is not None:
         train = train[:max_train_examples]
@@ -481,13 +482,14 @@ def predict_conll(model_dir: str | os.PathLike, input_file: str | os.PathLike, o
         return predict_conll_feature_based(model_dir, input_file, output_file, document_context=document_context,
                                            max_seq_length=max_seq_length, batch_size=batch_size)
     from ..modeling import BertForTokenClassification, load_for_inference
+    from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
 
     model = load_for_inference(BertForTokenClassification, model_dir, dtype)
     id2label = model.config.id2label or {i: f"LABEL_{i}" for i in range(model.config.num_labels)}
     document_context = config.get(CONFIG_DOCUMENT_CONTEXT, False) if document_context is None else document_context
     max_seq_length = max_seq_length or config.get(CONFIG_MAX_SEQ_LENGTH, 128)
-    tokenizer = BertTokenizer.from_pretrained(model_dir)
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     sentences, labelled = read_for_prediction(input_file, list(id2label.values()))
     pieces = word_piece_ids(tokenizer, (w for s in sentences for w in s.words))
     windows = build_windows(sentences, pieces, max_seq_length, tokenizer.cls_token_id, tokenizer.sep_token_id,
