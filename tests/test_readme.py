@@ -126,7 +126,7 @@ INPUTS: dict[str, Callable[[Path, Path], None]] = {
     "corpus/a.txt": _lines(Path("pretraining") / "sample_text.txt", 200, header=False),
     "corpus/b.txt": _lines(BOOKS / "Carroll_Alice_1865.txt", 300, header=False),
     "heldout.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
-    "domain/a.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 120, header=False),
+    "domain/a.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
     "glue/MRPC/train.tsv": _lines(Path("glue") / "MRPC" / "train.tsv", 8),
     "glue/MRPC/dev.tsv": _lines(Path("glue") / "MRPC" / "dev.tsv", 8),
     "glue/MRPC/test.tsv": _lines(Path("glue") / "MRPC" / "test.tsv", 4),
