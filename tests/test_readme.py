@@ -43,6 +43,7 @@ from bertforge.cli import main
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SWAG = Path(__file__).parent / "fixtures" / "swag"
+Make = Callable[[Path, Path], None]  # writes one input: (its path in the scratch directory, ../shared/data)
 
 # The README's text -> what runs instead. A key is one argument or a flag with its value ("--flag value"),
 # matched as whole arguments; the value replaces them. `{model}` is the `model_dir` fixture's checkpoint.
@@ -62,11 +63,11 @@ SUBSTITUTIONS: dict[str, str] = {
 
 # A command holding one of these arguments is not run, and is reported as skipped with the reason.
 SKIP_COMMANDS: dict[str, str] = {
-    "google-bert/bert-base-uncased": "a Hub id: the model is downloaded from the Hugging Face Hub (440 MB)",
+    "google-bert/bert-base-uncased": "a Hub id: the model is downloaded from the Hugging Face Hub",
 }
 
 
-def _lines(path: Path, count: int, header: bool = True) -> Callable[[Path], None]:
+def _lines(path: Path, count: int, header: bool = True) -> Make:
     """An input made of the first `count` rows of a shared-data file (after its header line)."""
     def make(target: Path, shared: Path) -> None:
         with open(shared / path, encoding="utf-8", newline="") as source:
@@ -75,7 +76,7 @@ def _lines(path: Path, count: int, header: bool = True) -> Callable[[Path], None
     return make
 
 
-def _conll(path: str, sentences: int) -> Callable[[Path, Path], None]:
+def _conll(path: str, sentences: int) -> Make:
     """The first `sentences` sentences of a CoNLL-2003 file (-DOCSTART- lines kept)."""
     def make(target: Path, shared: Path) -> None:
         text = (shared / "conll2003" / path).read_text(encoding="utf-8")
@@ -90,7 +91,7 @@ def _conll(path: str, sentences: int) -> Callable[[Path, Path], None]:
     return make
 
 
-def _squad(path: str, questions: int) -> Callable[[Path, Path], None]:
+def _squad(path: str, questions: int) -> Make:
     """The first paragraph of a SQuAD file's first article, with its first `questions` questions."""
     def make(target: Path, shared: Path) -> None:
         data = json.loads((shared / "squad" / path).read_text(encoding="utf-8"))
@@ -101,7 +102,7 @@ def _squad(path: str, questions: int) -> Callable[[Path, Path], None]:
     return make
 
 
-def _sst2_csv(split: str, count: int) -> Callable[[Path, Path], None]:
+def _sst2_csv(split: str, count: int) -> Make:
     """`finetune classify`'s CSV (text, label) from the first `count` SST-2 rows."""
     def make(target: Path, shared: Path) -> None:
         with open(shared / "glue" / "SST-2" / f"{split}.tsv", encoding="utf-8") as source:
@@ -113,7 +114,7 @@ def _sst2_csv(split: str, count: int) -> Callable[[Path, Path], None]:
     return make
 
 
-def _copy(source: Path) -> Callable[[Path, Path], None]:
+def _copy(source: Path) -> Make:
     def make(target: Path, shared: Path) -> None:
         shutil.copyfile(source, target)
     return make
@@ -122,7 +123,7 @@ def _copy(source: Path) -> Callable[[Path, Path], None]:
 BOOKS = Path("pretraining") / "books"
 
 # Input paths the README names -> how to make them (target path, ../shared/data).
-INPUTS: dict[str, Callable[[Path, Path], None]] = {
+INPUTS: dict[str, Make] = {
     "corpus/a.txt": _lines(Path("pretraining") / "sample_text.txt", 200, header=False),
     "corpus/b.txt": _lines(BOOKS / "Carroll_Alice_1865.txt", 300, header=False),
     "heldout.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
