@@ -8,6 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
+from ._checks import check_flags, check_positions
+
 
 def _expand(patterns: list[str]) -> list[str]:
     files: list[str] = []
@@ -58,8 +60,11 @@ def cmd_vocab_extend(args: argparse.Namespace, files: list[str]) -> None:
 
 
 def cmd_extract_features(args: argparse.Namespace) -> None:
+    from ._checks import model_positions
     from .tasks.features import extract_features
 
+    if args.max_seq_length is None:  # 128, or fewer for a model with fewer positions
+        args.max_seq_length = min(128, model_positions(args.model) or 128)
     count = extract_features(args.model, args.input_file, args.output_file, args.layers,
                              args.max_seq_length, args.batch_size)
     print(f"wrote {args.output_file}: features of layers {args.layers} for {count} example(s)")
@@ -87,11 +92,15 @@ def cmd_prepare_pretraining(args: argparse.Namespace) -> None:
         short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, whole_word_mask=args.whole_word_mask,
         masking=args.masking, do_lower_case=args.do_lower_case, seed=args.seed, workers=args.workers,
         input_format=args.input_format, shard_size=args.shard_size, buffer_documents=args.buffer_documents,
-        buffer_tokens=args.buffer_tokens, progress=not args.quiet)
+        buffer_tokens=args.buffer_tokens, progress=not args.quiet, strict=args.strict)
     stats = index["stats"]
     print(f"wrote {args.output_dir}: {index['num_instances']} instances in {len(index['shards'])} shard(s) from "
           f"{index['num_documents']} document(s) ({args.masking} masking, {stats['is_next']} IsNext, "
           f"{stats['tokens']} tokens)")
+    if index["replaced_bytes"]:
+        first = next(iter(index["replaced_bytes"]))
+        print(f"warning: replaced {stats['replaced_bytes']} byte(s) that are not UTF-8 with U+FFFD in "
+              f"{len(index['replaced_bytes'])} file(s) (first: {first}); --strict refuses such input", file=sys.stderr)
 
 
 def cmd_pretrain(args: argparse.Namespace) -> None:
@@ -268,22 +277,38 @@ def cmd_finetune_squad(args: argparse.Namespace) -> None:
           f"official script's results (percent) in {args.output_dir}/squad_eval.json")
 
 
+def _check_squad_settings(model: str, overrides: dict) -> None:
+    """The model's stored SQuAD settings with the flags given must work (before the model loads)."""
+    from .tasks.squad import SquadSettings
+
+    stored = (_model_config(model).get("squad") or {})
+    known = set(vars(SquadSettings()))
+    SquadSettings(**{**{k: v for k, v in stored.items() if k in known}, **overrides}).check(flags=True)
+
+
 def cmd_predict_squad(args: argparse.Namespace) -> None:
     """`bertforge predict` for a `finetune squad` model: one --question/--context, or a SQuAD JSON --input."""
     import json
 
-    from .tasks.squad import answer_questions, predict_squad_file
+    from ._checks import check_output
+    from .tasks.squad import answer_questions, json_text, predict_squad_file
 
     settings = _squad_settings(args)
+    _check_squad_settings(args.model, settings)
     if args.question is not None or args.context is not None:
         if args.question is None or args.context is None:
             raise ValueError("--question and --context go together")
+        for name, value in (("--question", args.question), ("--context", args.context)):
+            if not value.strip():
+                raise ValueError(f"{name} is empty")
         answer = answer_questions(args.model, [args.question], [args.context], batch_size=args.batch_size,
                                   dtype=args.dtype, **settings)[0]
-        print(json.dumps(answer, ensure_ascii=False))
+        print(json_text(answer, indent=None))
         return
     if not args.input or not args.output:
         raise ValueError("a SQuAD model answers --question Q --context C, or a SQuAD JSON --input with --output")
+    stem = Path(args.output).with_suffix("")
+    check_output(args.output, [args.input], args.overwrite, [f"{stem}.nbest.json", f"{stem}.null_odds.json"])
     official = predict_squad_file(args.model, args.input, args.output, batch_size=args.batch_size, dtype=args.dtype,
                                   **settings)
     print(f"wrote {args.output}")
@@ -329,17 +354,24 @@ def cmd_finetune_ner(args: argparse.Namespace) -> None:
         print(f"test predictions: {path}" + (f"; {_ner_summary(metrics)}" if metrics else ""))
 
 
-def _model_task(model_dir: str) -> str | None:
-    """The `finetuning_task` in a model directory's config.json (None when absent or unreadable)."""
+def _model_config(model_dir: str) -> dict:
+    """A model directory's config.json ({} when absent or unreadable)."""
     import json
 
     try:
-        return json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")).get("finetuning_task")
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _model_task(model_dir: str) -> str | None:
+    """The `finetuning_task` in a model directory's config.json (None when absent or unreadable)."""
+    return _model_config(model_dir).get("finetuning_task")
 
 
 def cmd_predict(args: argparse.Namespace) -> None:
+    from ._checks import check_output, model_positions
     from .tasks.classification import predict_file
 
     if (args.task or _model_task(args.model)) in ("squad", "squad_v2") or args.question is not None:
@@ -347,6 +379,7 @@ def cmd_predict(args: argparse.Namespace) -> None:
         return
     if not args.input or not args.output:
         raise ValueError("--input and --output are required (or --question and --context for a SQuAD model)")
+    check_output(args.output, [args.input], args.overwrite)
     if (args.task or _model_task(args.model)) == "ner":
         from .tasks.tagging import predict_conll
 
@@ -357,8 +390,8 @@ def cmd_predict(args: argparse.Namespace) -> None:
         if metrics is not None:  # the input had gold tags
             print(_ner_summary(metrics))
         return
-    if args.max_seq_length is None:
-        args.max_seq_length = 128
+    if args.max_seq_length is None:  # 128, or fewer for a model with fewer positions
+        args.max_seq_length = min(128, model_positions(args.model) or 128)
     if (args.task or _model_task(args.model)) == "multiple-choice":
         from .tasks.choice import predict_choice_file
 
@@ -460,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-file", required=True, help="one example per line; 'text_a ||| text_b' for pairs")
     p.add_argument("--output-file", required=True)
     p.add_argument("--layers", type=_layers, default=[-1, -2, -3, -4], help="encoder layers, -1 = last")
-    p.add_argument("--max-seq-length", type=int, default=128)
+    p.add_argument("--max-seq-length", type=int, help="default 128, or the model's positions if fewer")
     p.add_argument("--batch-size", type=int, default=32)
     p.set_defaults(func=cmd_extract_features)
 
@@ -496,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--buffer-documents", type=int, default=1000, help="documents kept for NotNext sampling")
     p.add_argument("--buffer-tokens", type=int, default=4_000_000, help="tokens kept for NotNext sampling")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--strict", action="store_true", help="refuse input that is not UTF-8 (default: replace such "
+                   "bytes with U+FFFD and report how many)")
     p.set_defaults(func=cmd_prepare_pretraining)
 
     p = commands.add_parser("pretrain", help="pre-train BERT (masked LM + next sentence) on prepared instances",
@@ -637,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--document-context", action=argparse.BooleanOptionalAction, default=None,
                    help="NER: windows with document context (default: as the model was trained)")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output (never the --input)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "int8"),
                    help="run the model unpadded in this precision (optimize_for_inference): fp32 exact, bf16 "
                         "(CPUs with AVX-512 BF16/AMX, GPUs) or int8 (CPU) faster at a small cost in accuracy "
@@ -700,15 +736,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(_attach_negative_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        check_flags(args)  # every flag's limits, before a model is fetched or loads, or data is read
         # A Hub id names a model as a directory does (serve resolves its own, to report a failure its way).
         for flag in ("model", "init_from"):
             if isinstance(getattr(args, flag, None), str) and args.command != "serve":
                 from .modeling.pretrained import resolve_model_dir
 
                 setattr(args, flag, str(resolve_model_dir(getattr(args, flag))))
+        check_positions(args)  # again: a Hub model's config.json is here once fetched
         args.func(args)
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as error:
         # Bad input is the user's to fix: one clear line, no traceback.
+        print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except RuntimeError as error:
+        from .training.loop import NonFiniteLossError
+
+        if not isinstance(error, NonFiniteLossError):
+            raise
+        # A diverged run (too high a learning rate, ...): one line naming the checkpoint to resume from.
         print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -13,12 +13,14 @@ from .heads import (
     QuestionAnsweringOutput,
     TaskOutput,
 )
-from .inference import Int8Linear, load_for_inference, optimize_for_inference, quantize_int8
+from .inference import (Int8Linear, load_for_inference, optimize_for_inference, quantize_int8,
+                        require_trained_head)
 from .pretrained import LoadReport, PreTrainedBert
 
 __all__ = [
     "PRESETS", "BertConfig", "BertModel", "EncoderOutput", "BertForPreTraining", "BertForMaskedLM",
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
     "BertForMultipleChoice", "PreTrainingOutput", "TaskOutput", "QuestionAnsweringOutput",
-    "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "quantize_int8", "Int8Linear",
+    "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "require_trained_head",
+    "quantize_int8", "Int8Linear",
 ]

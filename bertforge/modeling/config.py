@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._files import check_finished
+
 CONFIG_NAME = "config.json"
 
 # (layers L, hidden H, heads A) of the paper's and Turc et al.'s "well-read students" sizes.
@@ -136,7 +138,10 @@ class BertConfig:
             from .pretrained import resolve_model_dir  # (pretrained.py builds on this module)
 
             directory = resolve_model_dir(directory)
-        return cls.from_json_file(directory / CONFIG_NAME if directory.is_dir() else directory)
+        if directory.is_dir():
+            check_finished(directory)  # a failed or killed run's model is not a finished one
+            return cls.from_json_file(directory / CONFIG_NAME)
+        return cls.from_json_file(directory)
 
     def save_pretrained(self, directory: str | os.PathLike, architecture: str | None = None) -> None:
         directory = Path(directory)

@@ -242,12 +242,56 @@ def _compile_layers(encoder: BertModel) -> None:
                 setattr(owner, name, torch.compile(module, dynamic=True))
 
 
+def trained_for(config) -> str:
+    """What a checkpoint was trained for, in words: its `finetuning_task` (written by `bertforge finetune`),
+    else its first `architectures` entry, else "a pre-trained encoder"."""
+    task = config.extra.get("finetuning_task")
+    if task:
+        return f"a {task} model"
+    architectures = config.extra.get("architectures") or []
+    return f"a {architectures[0]} checkpoint" if architectures else "a pre-trained encoder"
+
+
+# Checkpoints whose head serves another head class as it is: pre-training's MLM head is the MLM head.
+_SAME_HEAD = {"BertForMaskedLM": ("BertForMaskedLM", "BertForPreTraining")}
+
+
+def require_trained_head(model: nn.Module, directory: str | os.PathLike, task: str,
+                         ignore: tuple[str, ...] = ()) -> None:
+    """Refuse to predict with weights `from_pretrained` had to initialise (its `load_report`).
+
+    A checkpoint fine-tuned for one task, loaded into another task's head class, gets a random head:
+    its outputs look like answers (a span, a label with a probability) but mean nothing. `ignore`:
+    key prefixes the caller does not run (e.g. the pooler, for hidden states). A head class other than
+    the one config.json's `architectures` names is refused too: some heads share weight names. ValueError
+    naming the model directory, what it was trained for and the missing weights or the saved class.
+    """
+    report = getattr(model, "load_report", None)
+    missing = [k for k in (report.newly_initialized if report else []) if not k.startswith(ignore)]
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(f"{directory} is {trained_for(model.config)}, not trained for {task}: its "
+                         f"{type(model).__name__} weights {shown} are not in the checkpoint (they would be random); "
+                         f"fine-tune it for {task} first")
+    # Some heads share weight names (a sequence classifier's `classifier.*` loads into a token
+    # classifier without a missing key): the head class the checkpoint was saved from decides too.
+    wanted = type(model).__name__
+    saved = (model.config.extra.get("architectures") or [None])[0]
+    if wanted != "BertModel" and isinstance(saved, str) and saved.startswith("BertFor") \
+            and saved not in _SAME_HEAD.get(wanted, (wanted,)):
+        raise ValueError(f"{directory} is {trained_for(model.config)}, not trained for {task}: its config.json "
+                         f"says {saved}, not {wanted}; fine-tune it for {task} first")
+
+
 def load_for_inference(model_class: type[nn.Module], directory: str | os.PathLike, dtype: str | None = None,
-                       **kwargs: Any) -> nn.Module:
+                       *, task: str | None = None, **kwargs: Any) -> nn.Module:
     """`model_class.from_pretrained(directory, **kwargs)`, then, when `dtype` is given, made faster with
     `optimize_for_inference(model, dtype=dtype)` (unpadded; "fp32" exact, "bf16"/"int8" approximate).
-    None: the model as saved, in eval mode. What `bertforge predict --dtype` loads models with."""
+    None: the model as saved, in eval mode. What `bertforge predict --dtype` loads models with.
+    A checkpoint that lacks weights of `model_class` (a head trained for another task, or none) is a
+    ValueError (`require_trained_head`; `task` names what was asked in the message)."""
     model = model_class.from_pretrained(directory, **kwargs).eval()
+    require_trained_head(model, directory, task or model_class.__name__)
     return model if dtype is None else optimize_for_inference(model, dtype=dtype)
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from .._files import save_safetensors
+from .._files import check_finished, save_safetensors
 from .config import CONFIG_NAME, BertConfig
 
 logger = logging.getLogger("bertforge")
@@ -159,6 +159,7 @@ def read_state_dict(directory: str | os.PathLike) -> tuple[dict[str, torch.Tenso
     """The tensors of a checkpoint directory (or a single weights file) and the file they came from."""
     path = Path(directory)
     if path.is_dir():
+        check_finished(path)  # a failed or killed run's model is not a finished one
         for name in (WEIGHTS_NAME, LEGACY_WEIGHTS_NAME):
             if (path / name).is_file():
                 path = path / name

@@ -37,11 +37,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .._files import write_atomic
+from .._files import write_text_atomic
 from .masking import mask_instance
 from .shards import (CONTINUATION_NAME, FIELDS, FORMAT, INDEX_NAME, MASK_FIELDS, MAX_SEQ_LENGTH_LIMIT, ShardWriter,
                      id_dtype, save_atomic, shard_file)
-from .text import FORMATS, detect_format, read_documents
+from .text import FORMATS, check_utf8, detect_format, read_documents, replaced_bytes
 
 logger = logging.getLogger("bertforge")
 
@@ -93,6 +93,7 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
                          vocab_size=vocab_size, pad_id=pad_id, static=static)
     stats = Counter()
     formats = Counter()
+    replaced_by_file: dict[str, int] = {}  # file -> bytes that were not UTF-8 (read as U+FFFD)
 
     def documents():
         from .instances import tokenize_document
@@ -107,10 +108,14 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
                 seen += n
                 report(n)
 
+            before = replaced_bytes()
             for sentences in read_documents(path, fmt, progress):
                 document = tokenize_document(sentences, tokenizer, unk_id, (pad_id, cls_id, sep_id, mask_id))
                 if document is not None:
                     yield document
+            if replaced_bytes() > before:
+                replaced_by_file[path] = replaced_bytes() - before
+                stats["replaced_bytes"] += replaced_by_file[path]
             size = os.path.getsize(path)
             if size != seen:
                 report(size - seen)  # characters were counted; settle to the file's bytes
@@ -167,7 +172,8 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
         stats["truncated"] += inst.truncated
         stats["not_next_same_document"] += inst.same_document_fallback
     writer.flush()
-    return {"worker": job["worker"], "shards": writer.shards, "stats": dict(stats), "formats": dict(formats)}
+    return {"worker": job["worker"], "shards": writer.shards, "stats": dict(stats), "formats": dict(formats),
+            "replaced": replaced_by_file}
 
 
 def _worker_main(job: dict, messages) -> None:
@@ -276,14 +282,15 @@ def _check_vocab_target(directory: Path, vocab_file: Path, fingerprint: str) -> 
 
 
 def _write_tokenizer(directory: Path, vocab_file: Path, settings: dict) -> None:
-    """DIR/vocab.txt (a byte copy, so that every id stays its line number) and DIR/tokenizer_config.json."""
+    """DIR/vocab.txt (a verbatim copy, so that every id stays its line number) and DIR/tokenizer_config.json."""
     from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
     from ..tokenization.vocab import VOCAB_NAME
 
     target = directory / VOCAB_NAME
     if not (target.is_file() and target.samefile(vocab_file)):
-        write_atomic(target, vocab_file.read_bytes())
-    write_atomic(directory / TOKENIZER_CONFIG_NAME, (json.dumps(settings, indent=2) + "\n").encode("utf-8"))
+        with open(vocab_file, encoding="utf-8", newline="") as source:  # newlines untranslated
+            write_text_atomic(target, source.read())
+    write_text_atomic(directory / TOKENIZER_CONFIG_NAME, json.dumps(settings, indent=2) + "\n")
 
 
 def _validate(max_seq_length, max_predictions_per_seq, masked_lm_prob, short_seq_prob, dupe_factor, masking,
@@ -315,7 +322,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
                         masking: str = "static", do_lower_case: bool | None = None, seed: int = 12345,
                         workers: int = 1, input_format: str = "auto", shard_size: int = DEFAULT_SHARD_SIZE,
                         buffer_documents: int = DEFAULT_BUFFER_DOCUMENTS, buffer_tokens: int = DEFAULT_BUFFER_TOKENS,
-                        progress: bool = True) -> dict:
+                        progress: bool = True, strict: bool = False) -> dict:
     """Write pre-training instances made from `inputs` to `output_dir`; returns the index dict.
 
     `output_dir` also gets a copy of `vocab_file` and the tokenizer settings (`tokenizer_config.json`), so
@@ -324,6 +331,9 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
 
     `do_lower_case=None` guesses from the vocabulary (as `BertTokenizer`). Raises FileNotFoundError
     for a missing input or vocabulary, ValueError for bad settings or a corpus with no document.
+    Bytes that are not UTF-8 are read as U+FFFD and counted: the index's `replaced_bytes` maps each
+    such file to its count (and `stats["replaced_bytes"]` totals them); `strict=True` instead refuses
+    the first such byte (file, line, offset) before any work starts.
     """
     from tqdm.auto import tqdm
 
@@ -338,6 +348,9 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     for file in files:
         if not Path(file).is_file():
             raise FileNotFoundError(f"pre-training input not found: {file}")
+    if strict:
+        for file in files:
+            check_utf8(file)
     tokenizer = BertTokenizer(vocab_file, do_lower_case=do_lower_case)  # raises for a missing/bad vocab
     vocab = tokenizer.vocab
     vocab_size = max(vocab.values()) + 1  # ids are line numbers
@@ -373,9 +386,11 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
 
     stats: Counter = Counter()
     formats: Counter = Counter()
+    replaced: dict[str, int] = {}
     for result in results:
         stats.update(result["stats"])
         formats.update(result["formats"])
+        replaced.update(result["replaced"])
     if stats["documents"] == 0:
         _clear_outputs(directory, vocab_path)
         raise ValueError(f"no documents in the {len(files)} input file(s): the corpus is empty")
@@ -418,6 +433,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
         "stats": {key: (int(value) if isinstance(value, (int, np.integer)) else value)
                   for key, value in sorted(stats.items())},
         "input_formats": dict(sorted(formats.items())),
+        "replaced_bytes": {file: replaced[file] for file in files if file in replaced},
         "workers": workers,
         "buffer_documents": buffer_documents,
         "buffer_tokens": buffer_tokens,

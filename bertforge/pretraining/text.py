@@ -54,6 +54,7 @@ it installs ~100 MB (mostly tokenizer models this module does not use).
 
 from __future__ import annotations
 
+import codecs
 import functools
 import html
 import os
@@ -136,7 +137,7 @@ def detect_format(path: str | os.PathLike) -> str:
 
 def _bert_documents(path: Path, progress: Progress | None) -> Iterator[list[str]]:
     document: list[str] = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    with open(path, encoding="utf-8", errors=COUNT_AND_REPLACE) as handle:
         for line in handle:
             if progress:
                 progress(len(line))
@@ -153,7 +154,7 @@ def _bert_documents(path: Path, progress: Progress | None) -> Iterator[list[str]
 def _wiki_documents(path: Path, progress: Progress | None) -> Iterator[list[str]]:
     document: list[str] | None = None
     title: str | None = None
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    with open(path, encoding="utf-8", errors=COUNT_AND_REPLACE) as handle:
         for line in handle:
             if progress:
                 progress(len(line))
@@ -202,7 +203,7 @@ def text_paragraphs(text: str) -> list[str]:
 
 
 def _text_documents(path: Path, progress: Progress | None) -> Iterator[list[str]]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    with open(path, encoding="utf-8", errors=COUNT_AND_REPLACE) as handle:
         text = handle.read()
     sentences: list[str] = []
     for paragraph in text_paragraphs(text):
@@ -214,6 +215,48 @@ def _text_documents(path: Path, progress: Progress | None) -> Iterator[list[str]
 
 
 _READERS = {"bert": _bert_documents, "wiki": _wiki_documents, "text": _text_documents}
+
+# Bytes that are not UTF-8 become U+FFFD (a corpus scraped from the web has a few), but never
+# silently: this codec error handler counts them, per process, for `replaced_bytes`.
+COUNT_AND_REPLACE = "bertforge.count_and_replace"
+_replaced = [0]
+
+
+def _count_and_replace(error: UnicodeDecodeError) -> tuple[str, int]:
+    _replaced[0] += error.end - error.start
+    return "\ufffd", error.end
+
+
+codecs.register_error(COUNT_AND_REPLACE, _count_and_replace)
+
+
+def replaced_bytes() -> int:
+    """Undecodable bytes this process has replaced with U+FFFD while reading documents so far."""
+    return _replaced[0]
+
+
+def check_utf8(path: str | os.PathLike, chunk_size: int = 1 << 20) -> None:
+    """ValueError naming the file, line and byte offset of the first byte that is not UTF-8 (what
+    `prepare-pretraining --strict` runs on every input before any work). Reads in chunks: a corpus
+    file may be larger than memory."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, line = 0, 1  # bytes and lines before `buffer`
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(chunk_size)
+            pending = decoder.getstate()[0]
+            buffer = pending + chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as error:
+                at = offset - len(pending) + error.start
+                where = line + buffer.count(b"\n", 0, error.start)
+                raise ValueError(f"{path}:{where}: not UTF-8 text (byte 0x{buffer[error.start]:02x} at byte offset "
+                                 f"{at}); re-save it as UTF-8, or drop --strict to replace such bytes") from None
+            if not chunk:
+                return
+            line += chunk.count(b"\n")
+            offset += len(chunk)
 
 
 def read_documents(path: str | os.PathLike, input_format: str = "auto",

@@ -10,7 +10,8 @@ Training can run in two phases as the paper's (90% of the steps at 128 tokens, 1
 second continues the same model, optimizer and learning-rate schedule on the second dataset.
 
 `run_pretraining(PretrainingArguments(...))` is what `bertforge pretrain` calls; it writes
-`OUT/log.jsonl`, `OUT/checkpoints/` and, at the end, `OUT/final/` in `from_pretrained` layout.
+`OUT/log.jsonl`, `OUT/checkpoints/` and, at the end, `OUT/final/` in `from_pretrained` layout, written
+into a staging directory and renamed into place; `OUT/RUNNING` marks the run unfinished until then.
 
 Continued pre-training (`init_from=MODEL`, a directory or a Hub id) starts from MODEL's weights and
 architecture: the encoder, and the MLM and NSP heads where MODEL has them (the others are initialised
@@ -22,10 +23,14 @@ of the pieces MODEL's tokenizer splits the new word into).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import math
 import os
 import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._files import default_mode, finish_run, mark_running
 from ..modeling import BertConfig, BertForPreTraining
 from ..modeling.config import PRESETS
 from ..modeling.heads import IGNORE_INDEX
@@ -401,7 +407,8 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
     resume = args.resume
     checkpoints = output_dir / CHECKPOINT_DIR
     if resume is True or resume == "auto":
-        resume = latest_checkpoint(checkpoints)
+        # The directory: its latest checkpoint, or the newest older one if that cannot be read.
+        resume = checkpoints if latest_checkpoint(checkpoints) is not None else None
         if resume is None:
             logger.warning("--resume: no checkpoint in %s, starting from step 0", checkpoints)
     elif not resume and (latest_checkpoint(checkpoints) is not None or (output_dir / LOG_NAME).exists()):
@@ -427,6 +434,10 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
         trainer = Trainer(
             model, training, collate=collate, step_fn=step, phases=phases, count_fn=step.counts,
             eval_dataset=evaluation, eval_fn=step.eval, summarize_fn=perplexity, context=context,
+            settings={"--data": data_fingerprint(train),
+                      "--phase2-data": data_fingerprint(phase2) if phase2 is not None else None,
+                      "--objective": args.objective, "--no-nsp": not step.nsp,
+                      "--init-from": str(args.init_from) if args.init_from else None},
             checkpoint_extra={"pretraining": {
                 "objective": args.objective, "nsp": step.nsp, "vocab_hash": vocab_fingerprint(vocab),
                 "data": str(args.data), "phase2_data": str(args.phase2_data) if args.phase2_data else None,
@@ -436,17 +447,47 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
             logger.info("pre-training %s (%.1fM parameters) for %d steps on %d process(es)",
                         args.init_from or args.config or "base", parameters / 1e6, trainer.total_steps,
                         context.world_size)
+        if context.is_main:  # until OUT/final is in place, OUT is an unfinished run
+            mark_running(output_dir, "bertforge pre-training")
         result = trainer.train(resume_from=resume or None, stop_at_step=stop_at_step)
         final = output_dir / FINAL_DIR
         finished = trainer.step == trainer.total_steps or result.budget_spent
         model = trainer.final_model() if finished else None  # gathered from the shards under FSDP
         if context.is_main and finished:
-            model.save_pretrained(final)
-            BertTokenizer(vocab_file, do_lower_case=train.index.get("do_lower_case")).save_pretrained(final)
+            tokenizer = BertTokenizer(vocab_file, do_lower_case=train.index.get("do_lower_case"))
+            _save_final(final, lambda directory: (model.save_pretrained(directory),
+                                                  tokenizer.save_pretrained(directory)))
+            finish_run(output_dir)
         context.barrier()
         return final
     finally:
         context.teardown()
+
+
+def data_fingerprint(dataset: PretrainingDataset) -> str:
+    """A SHA-256 of prepared data's index.json (settings, shards, counts, statistics): a resumed run on other
+    data is refused rather than silently continued on it."""
+    return hashlib.sha256(json.dumps(dataset.index, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _save_final(final: Path, write) -> None:
+    """`write(directory)` into a fresh directory beside `final`, then rename it to `final`: a run killed while
+    saving leaves no half-written model (an earlier `final` is replaced only once the new one is complete)."""
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    try:
+        write(staging)
+        mode = default_mode()  # mkdtemp makes the directory owner-only; give it what mkdir would
+        os.chmod(staging, mode | (mode & 0o444) >> 2)
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, final)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def arguments_from(namespace) -> PretrainingArguments:

@@ -35,6 +35,7 @@ from ..modeling import (
     BertForTokenClassification,
     BertModel,
     optimize_for_inference,
+    require_trained_head,
 )
 from ..modeling.inference import default_row_bucket
 from ..modeling.pretrained import resolve_model_dir
@@ -283,7 +284,7 @@ class Pipeline:
             self.runner = runner
         elif backend == "torch":
             if module is None:
-                module = self.model_class.from_pretrained(self.model_dir)
+                module = self._load_trained()
             module = module.to(self.device)
             if dtype is not None:
                 optimize_for_inference(module, dtype=dtype, unpad=unpad)
@@ -299,7 +300,7 @@ class Pipeline:
             if onnx_model is None:
                 # Export in memory, checked against PyTorch as `bertforge export-onnx` does.
                 if module is None:
-                    module = self.model_class.from_pretrained(self.model_dir)
+                    module = self._load_trained()
                 self.runner = TorchRunner(self.build_graph(module), self.input_names, self.output_names, "cpu")
                 onnx_model = export_onnx_bytes(self, module)
                 check_parity(self, onnx_model, what=str(self.model_dir or "the model"))
@@ -307,6 +308,16 @@ class Pipeline:
             self.runner = onnx_runner(onnx_model, self, self.device)
         else:
             raise ValueError(f"backend must be 'torch' or 'onnx', got {backend!r}")
+
+    # Weights of `model_class` this pipeline never runs: a checkpoint may lack them.
+    unused_weights: tuple[str, ...] = ()
+
+    def _load_trained(self) -> nn.Module:
+        """`model_class` from the model directory; a ValueError when the checkpoint lacks weights this
+        pipeline runs (a head trained for another task, or none): its outputs would be random."""
+        module = self.model_class.from_pretrained(self.model_dir)
+        require_trained_head(module, self.model_dir, self.task, ignore=self.unused_weights)
+        return module
 
     # -- what subclasses provide
 
@@ -517,6 +528,7 @@ class EmbedPipeline(Pipeline):
     """
 
     model_class = BertModel
+    unused_weights = ("pooler.",)  # hidden states only
     output_names = ("hidden_states",)
     output_axes = {"hidden_states": {0: "batch", 2: "sequence"}}
     request_options = {"pooling": (str,), "layers": (list,), "normalize": (bool,)}

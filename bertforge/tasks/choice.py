@@ -30,7 +30,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .classification import batch_labels, read_delimited_rows
+from .._files import write_text_atomic
+
+from .classification import batch_labels, names_shown, read_delimited_rows
 
 __all__ = ["TASK_NAME", "ChoiceExample", "choice_step", "collate", "convert_examples_to_features",
            "multiple_choice_task", "predict_choice_file", "predict_choice_logits", "read_swag_file",
@@ -86,7 +88,7 @@ def read_swag_file(path: str | os.PathLike, *, require_labels: bool = True,
     endings = sorted((int(m.group(1)), i) for name, i in columns.items() if (m := _ENDING.match(name)))
     if missing or len(endings) < 2:
         raise ValueError(f"{path}:1: not a SWAG header (need sent1, sent2, ending0, ending1, ...; "
-                         f"found: {', '.join(header)})")
+                         f"found: {names_shown(header)})")
     if [n for n, _ in endings] != list(range(len(endings))):
         raise ValueError(f"{path}:1: ending columns must be ending0 .. ending{len(endings) - 1} without gaps, "
                          f"found {', '.join(f'ending{n}' for n, _ in endings)}")
@@ -315,7 +317,7 @@ def predict_choice_file(model_dir: str | os.PathLike, input_file: str | os.PathL
 
     examples = read_swag_file(input_file, require_labels=False)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
-    model = load_for_inference(BertForMultipleChoice, model_dir, dtype)
+    model = load_for_inference(BertForMultipleChoice, model_dir, dtype, task="multiple-choice")
     features = convert_examples_to_features(examples, tokenizer, max_seq_length)
     for feature in features:
         feature["label"] = None  # prediction ignores any labels in the file
@@ -324,5 +326,5 @@ def predict_choice_file(model_dir: str | os.PathLike, input_file: str | os.PathL
     output_file.parent.mkdir(parents=True, exist_ok=True)
     lines = ["index\tprediction\tscore"] + [f"{e.index}\t{int(p.argmax())}\t{float(p.max()):.6f}"
                                             for e, p in zip(examples, probabilities)]
-    output_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(output_file, "\n".join(lines) + "\n")
     return output_file

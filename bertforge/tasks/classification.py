@@ -20,6 +20,7 @@ records. A regression task (STS-B; `regression=True`) has no label list and floa
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -29,6 +30,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 import torch
+
+from .._files import read_text, write_text_atomic
 
 __all__ = ["InputExample", "batch_labels", "collate", "convert_examples_to_features", "id2label",
            "length_grouped_order", "pad_batch", "read_classify_file", "read_delimited_rows", "sort_labels"]
@@ -108,6 +111,17 @@ def _classify_text(raw: Any, key: str, where: str) -> str:
     return raw
 
 
+def names_shown(names: Sequence[str], limit: int = 12, width: int = 40) -> str:
+    """Column names (or keys) for a one-line error message: a name holding a line break or another
+    control character (a corrupted header) is quoted, a long one cut, a long list shortened."""
+    def one(name: str) -> str:
+        name = name if len(name) <= width else name[:width - 3] + "..."
+        return name if name.isprintable() else repr(name)
+
+    shown = ", ".join(one(str(name)) for name in list(names)[:limit])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
 def read_delimited_rows(path: str | os.PathLike, delimiter: str = ",", *,
                         header_hint: str = "a header line naming the columns") -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) per row of a CSV/TSV file: first its header (line 1, names stripped of
@@ -120,7 +134,7 @@ def read_delimited_rows(path: str | os.PathLike, delimiter: str = ",", *,
     first line should have been). A generator: the caller checks the header before any data row is
     read, so a bad header is reported first.
     """
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle, delimiter=delimiter)
         try:
             header = next(reader, None)
@@ -141,7 +155,7 @@ def read_delimited_rows(path: str | os.PathLike, delimiter: str = ",", *,
             if not row:  # a blank line
                 continue
             if len(row) != len(header):
-                raise ValueError(f"{path}:{start}: expected {len(header)} fields ({', '.join(header)}), "
+                raise ValueError(f"{path}:{start}: expected {len(header)} fields ({names_shown(header)}), "
                                  f"found {len(row)}")
             yield start, row
 
@@ -151,17 +165,17 @@ def _records_delimited(path: Path, delimiter: str):
     rows = read_delimited_rows(path, delimiter)
     _, header = next(rows)
     if "text" not in header:
-        raise ValueError(f"{path}:1: no 'text' column in the header (found: {', '.join(header)}); "
+        raise ValueError(f"{path}:1: no 'text' column in the header (found: {names_shown(header)}); "
                          f"expected columns text, optional text_pair, label")
     duplicates = sorted({name for name in header if header.count(name) > 1})
     if duplicates:
-        raise ValueError(f"{path}:1: duplicate column(s) {', '.join(duplicates)}")
+        raise ValueError(f"{path}:1: duplicate column(s) {names_shown(duplicates)}")
     for start, row in rows:
         yield start, dict(zip(header, row))
 
 
 def _records_jsonl(path: Path):
-    with open(path, encoding="utf-8-sig") as handle:
+    with io.StringIO(read_text(path), newline=None) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -173,7 +187,7 @@ def _records_jsonl(path: Path):
                 raise ValueError(f"{path}:{number}: expected a JSON object with keys text, optional text_pair, "
                                  f"label; got {type(record).__name__}")
             if "text" not in record:
-                raise ValueError(f"{path}:{number}: no 'text' key (found: {', '.join(record) or 'none'})")
+                raise ValueError(f"{path}:{number}: no 'text' key (found: {names_shown(record) or 'none'})")
             yield number, record
 
 
@@ -584,8 +598,9 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
         spec = get_task(task)
         # A test file (its header starts with GLUE's id column), or a labelled file laid out as dev/train.
         # The header decides, not the field count: SST-2's test and dev files both have two columns.
-        with open(input_file, encoding="utf-8-sig") as handle:
-            first = handle.readline().split("\t")[0].strip().lower()
+        if not Path(input_file).is_file():
+            raise FileNotFoundError(f"input file not found: {input_file}")
+        first = read_text(input_file).split("\n", 1)[0].split("\t")[0].strip().lower()
         splits = ("test", "dev", "train") if first in ("index", "id") else ("dev", "train")
         examples, errors = None, []
         for split in splits:
@@ -595,11 +610,11 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
             except ValueError as error:
                 errors.append(f"as {split}: {error}")
         if examples is None:
-            raise ValueError(f"{input_file} is not a {spec.name} file:\n  " + "\n  ".join(errors))
+            raise ValueError(f"{input_file} is not a {spec.name} file: " + "; ".join(errors))
     else:
         examples, _ = read_classify_file(input_file, regression, label_list=label_list, require_labels=False)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
-    model = load_for_inference(BertForSequenceClassification, model_dir, dtype)
+    model = load_for_inference(BertForSequenceClassification, model_dir, dtype, task=task)
     features = _convert([InputExample(e.guid, e.text_a, e.text_b) for e in examples], tokenizer, label_list,
                         max_seq_length, long_input, window_stride)
     logits = predict_examples(model, features, batch_size, tokenizer.vocab.get("[PAD]", 0))
@@ -616,7 +631,7 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
         shown = [label_list[p] for p in predictions]
     output_file.parent.mkdir(parents=True, exist_ok=True)
     lines = ["index\tprediction\tscore"] + [f"{i}\t{p}\t{s:.6f}" for i, (p, s) in enumerate(zip(shown, scores))]
-    output_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(output_file, "\n".join(lines) + "\n")
     return output_file
 
 

@@ -8,6 +8,7 @@ does: -1 is the last layer, 0 the first.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .._files import temporary_file
+from .._files import read_text, temporary_file
 from ..modeling import BertModel
 from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
@@ -31,13 +32,15 @@ def read_examples(path: str | os.PathLike) -> list[tuple[str, str | None]]:
     if not path.is_file():
         raise FileNotFoundError(f"input file not found: {path}")
     examples = []
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(read_text(path), newline=None) as handle:  # a byte that is not UTF-8: file and line
         for number, line in enumerate(handle, start=1):
             line = line.rstrip("\n")
             if not line.strip():
                 raise ValueError(f"{path}:{number}: empty line (every line must hold a text)")
             text_a, _, text_b = line.partition("|||")
             examples.append((text_a.strip(), text_b.strip() if _ else None))
+    if not examples:
+        raise ValueError(f"{path}: no examples (an empty file)")
     return examples
 
 
@@ -86,9 +89,9 @@ def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike
                      layers: Sequence[int] = (-1, -2, -3, -4), max_seq_length: int = 128, batch_size: int = 32,
                      progress: bool = True) -> int:
     """Write Google's extract_features.py JSON lines for every example of `input_file`; returns the count."""
+    examples = read_examples(input_file)  # bad input is reported before the model loads
     model = BertModel.from_pretrained(model_dir)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
-    examples = read_examples(input_file)
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = temporary_file(output_file.parent, prefix=f".{output_file.name}.", suffix=".tmp")

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import math
 import os
@@ -40,6 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .._files import read_text, write_text_atomic
 from .classification import InputExample
 
 __all__ = ["GLUE_TASKS", "SplitSpec", "TaskSpec", "get_task", "glue_task_dir", "read_glue_examples",
@@ -184,7 +186,7 @@ def read_glue_examples(task: str | TaskSpec, data_dir: str | os.PathLike, split:
         raise FileNotFoundError(f"{spec.directory} {split_name} file not found: looked for "
                                 f"{' and '.join(str(t) for t in tried)}")
     examples = []
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with io.StringIO(read_text(path), newline="") as handle:
         reader = csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)
         blank_line = None
         row_number = 0  # data rows, from 0: the id of a file without an id column
@@ -212,6 +214,8 @@ def read_glue_examples(task: str | TaskSpec, data_dir: str | os.PathLike, split:
                 if not skip_malformed:
                     raise
             row_number += 1
+    if not examples:
+        raise ValueError(f"{path}: no examples (an empty {split_name} file)")
     return examples
 
 
@@ -303,7 +307,7 @@ def write_predictions(path: str | os.PathLike, task: str | TaskSpec, ids: Sequen
             lines.append(f"{example_id}\t{_label_string(prediction, label_list, f'prediction {i}')}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .._files import read_text, write_text_atomic
 from .classification import pad_batch
 from .windows import max_context_window, windows
 
@@ -63,13 +64,24 @@ class SquadSettings:
     max_answer_length: int = 30  # tokens in an answer span
     null_score_diff_threshold: float = 0.0  # v2.0: answer "" when null score - best span score > this
 
-    def check(self) -> None:
+    def check(self, flags: bool = False) -> None:
+        """ValueError for settings that cannot work, naming the field (`flags`: as the CLI's --flag)."""
+        def name(field_name: str) -> str:
+            return "--" + field_name.replace("_", "-") if flags else field_name
+
+        for field_name in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
+            if getattr(self, field_name) < 1:
+                raise ValueError(f"{name(field_name)} must be at least 1, got {getattr(self, field_name)}")
         if self.max_seq_length <= self.max_query_length + 3:
-            raise ValueError(f"max_seq_length ({self.max_seq_length}) must exceed max_query_length "
+            raise ValueError(f"{name('max_seq_length')} ({self.max_seq_length}) must exceed {name('max_query_length')} "
                              f"({self.max_query_length}) + 3 ([CLS] and two [SEP]) to leave room for the passage")
-        for name in ("doc_stride", "max_query_length", "n_best_size", "max_answer_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        # A stride as long as a window's passage part leaves no overlap: an answer across the boundary
+        # of two windows would be wholly in neither.
+        window = self.max_seq_length - self.max_query_length - 3
+        if self.doc_stride >= window:
+            raise ValueError(f"{name('doc_stride')} ({self.doc_stride}) must be less than {name('max_seq_length')} - "
+                             f"{name('max_query_length')} - 3 = {window} (the passage tokens of a window) so that "
+                             f"windows overlap, e.g. {name('doc_stride')} {max(1, window // 2)}")
 
 
 # ---------------------------------------------------------------------------- reading
@@ -113,9 +125,9 @@ def read_squad_file(path: str | os.PathLike, require_answers: bool = True) -> Sq
     if not path.is_file():
         raise FileNotFoundError(f"SQuAD file not found: {path}")
     try:
-        root = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path}: not a JSON file ({error})") from None
+        root = json.loads(read_text(path))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{error.lineno}: not a JSON file ({error})") from None
     if not isinstance(root, dict) or not isinstance(root.get("data"), list):
         raise ValueError(f"{path}: not a SQuAD file (expected {{\"version\": ..., \"data\": [articles]}})")
     examples: list[SquadExample] = []
@@ -160,6 +172,8 @@ def read_squad_file(path: str | os.PathLike, require_answers: bool = True) -> Sq
                     raise ValueError(f"{where_q}: no answers and not marked is_impossible")
                 examples.append(SquadExample(qid, qa["question"], context, gold, impossible, title, paragraph_index))
             paragraph_index += 1
+    if not examples:
+        raise ValueError(f"{path}: no questions (its 'data' holds no article with a question)")
     return SquadFile(path, examples, root["data"], root.get("version"))
 
 
@@ -264,6 +278,24 @@ def convert_examples_to_features(examples: Sequence[SquadExample], tokenizer, se
         logger.warning("skipped %d of %d training questions whose answer cannot be aligned (%s%s)",
                        len(result.skipped), len(examples), shown, " ..." if len(result.skipped) > 5 else "")
     return result
+
+
+# Training questions whose answer may fail to align before the file is refused: the official files
+# align all but a handful; a file past this share has wrong offsets (e.g. counted in bytes, or
+# against another version of the passages) and would train on little or nothing.
+MAX_UNALIGNED_FRACTION = 0.01
+
+
+def check_alignment(skipped: Sequence[tuple[str, str]], examples: Sequence[SquadExample],
+                    path: str | os.PathLike) -> None:
+    """Refuse training data in which more than `MAX_UNALIGNED_FRACTION` of the answerable questions
+    have an answer that cannot be found at its `answer_start`: ValueError naming the file, the count
+    and the first few question ids with the reason."""
+    answerable = sum(1 for e in examples if not e.is_impossible)
+    if skipped and len(skipped) > MAX_UNALIGNED_FRACTION * answerable:
+        shown = "; ".join(f"{qid}: {why}" for qid, why in skipped[:3])
+        raise ValueError(f"{path}: {len(skipped)} of {answerable} answers cannot be aligned with their passage "
+                         f"(more than {MAX_UNALIGNED_FRACTION:.0%}); first: {shown}")
 
 
 def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -481,6 +513,7 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
                              f"this is SQuAD 2.0 data, use --version 2.0")
     train_examples = train.examples[:max_train_examples] if max_train_examples else train.examples
     train_features = convert_examples_to_features(train_examples, tokenizer, settings, is_training=True)
+    check_alignment(train_features.skipped, train_examples, train.path)
     dev_features = convert_examples_to_features(dev.examples, tokenizer, settings)
     logger.info("SQuAD %s: %d training questions -> %d windows (%d skipped); %d dev questions -> %d windows",
                 version, len(train_examples), len(train_features.features), len(train_features.skipped),
@@ -525,6 +558,24 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
 
 # ---------------------------------------------------------------------------- a fine-tuned model's answers
 
+def finite(value: Any) -> Any:
+    """`value` with every non-finite float (a null-odds of infinity: no span at all) replaced by None,
+    through dicts and lists: JSON has no Infinity or NaN, and a strict parser rejects them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any, indent: int | None = 2) -> str:
+    """Strict JSON of `value` (non-finite floats as null, see `finite`), with a final newline when indented."""
+    text = json.dumps(finite(value), indent=indent, ensure_ascii=False, allow_nan=False)
+    return text + "\n" if indent is not None else text
+
+
 def _load(model_dir: str | os.PathLike, overrides: dict[str, Any], dtype: str | None = None):
     from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
     from ..modeling.pretrained import resolve_model_dir
@@ -536,7 +587,7 @@ def _load(model_dir: str | os.PathLike, overrides: dict[str, Any], dtype: str | 
     settings = SquadSettings(**{**{k: v for k, v in stored.items() if k in known},
                                 **{k: v for k, v in overrides.items() if v is not None}})
     v2 = bool(config.extra.get("version_2_with_negative", False))
-    model = load_for_inference(BertForQuestionAnswering, model_dir, dtype)
+    model = load_for_inference(BertForQuestionAnswering, model_dir, dtype, task="squad")
     return model, BertTokenizer.from_pretrained(resolve_model_dir(model_dir)), settings, v2
 
 
@@ -558,6 +609,11 @@ def answer_questions(model_dir: str | os.PathLike, questions: Sequence[str], con
     `bertforge.modeling.load_for_inference`."""
     if len(questions) != len(contexts):
         raise ValueError(f"{len(questions)} questions but {len(contexts)} contexts")
+    for i, (question, context) in enumerate(zip(questions, contexts)):
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"question {i} is empty")
+        if not isinstance(context, str) or not context.strip():
+            raise ValueError(f"context {i} is empty: there is no passage to find the answer in")
     model, tokenizer, resolved, v2 = _load(model_dir, settings, dtype)
     examples = [SquadExample(str(i), q, c, paragraph=i) for i, (q, c) in enumerate(zip(questions, contexts))]
     predictions = _predict(model, tokenizer, resolved, v2, examples, batch_size)
@@ -578,17 +634,17 @@ def predict_squad_file(model_dir: str | os.PathLike, input_file: str | os.PathLi
     `dtype`: see `bertforge.modeling.load_for_inference`."""
     from ..metrics.squad import evaluate_v1, evaluate_v2
 
+    data = read_squad_file(input_file, require_answers=False)  # bad input is reported before the model loads
     model, tokenizer, resolved, v2 = _load(model_dir, settings, dtype)
-    data = read_squad_file(input_file, require_answers=False)
     predictions = _predict(model, tokenizer, resolved, v2, data.examples, batch_size)
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    output_file.write_text(json.dumps(predictions.predictions, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     stem = output_file.with_suffix("")
-    Path(f"{stem}.nbest.json").write_text(json.dumps(predictions.nbest, indent=2, ensure_ascii=False) + "\n",
-                                          encoding="utf-8")
+    # The side files first: the predictions file, written last, marks a finished run.
+    write_text_atomic(f"{stem}.nbest.json", json_text(predictions.nbest))
     if v2:
-        Path(f"{stem}.null_odds.json").write_text(json.dumps(predictions.null_odds, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(f"{stem}.null_odds.json", json_text(predictions.null_odds))
+    write_text_atomic(output_file, json_text(predictions.predictions))
     if not all(e.answers or e.is_impossible for e in data.examples):
         return None  # unlabelled questions: nothing to score
     if v2 or any(e.is_impossible for e in data.examples):  # v1.1's script cannot score unanswerable questions

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -31,6 +32,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import torch
+
+from .._files import check_finished, read_text, write_text_atomic
 
 logger = logging.getLogger("bertforge")
 
@@ -114,7 +117,7 @@ def read_conll(path: str | os.PathLike, labelled: bool = True) -> list[Sentence]
             docstart = None
         columns = []
 
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(read_text(path), newline=None) as handle:
         for number, raw in enumerate(handle, start=1):
             fields = raw.split()
             if not fields:
@@ -169,7 +172,7 @@ def write_conll(path: str | os.PathLike, sentences: Sequence[Sentence], predicti
             lines += [" ".join(sentence.docstart + ["O"]), ""]
         lines += [" ".join(columns + [tag]) for columns, tag in zip(sentence.columns, tags)]
         lines.append("")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_text_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -444,6 +447,7 @@ def ner_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_fi
 
 def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
+    check_finished(model_dir)  # a failed or killed run's model is not a finished one
     if not path.is_file():
         raise FileNotFoundError(f"no config.json in {model_dir}")
     return json.loads(path.read_text(encoding="utf-8"))
@@ -452,7 +456,7 @@ def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
 def _looks_labelled(path: Path, labels: Sequence[str]) -> bool:
     """Whether the last column of every word line is a tag of the model's kind (then it is the gold tag)."""
     kinds = {label[2:] for label in labels if label != "O"}
-    with open(path, encoding="utf-8") as handle:
+    with io.StringIO(read_text(path), newline=None) as handle:
         for raw in handle:
             fields = raw.split()
             if not fields or fields[0] == DOCSTART:
@@ -485,12 +489,17 @@ def predict_conll(model_dir: str | os.PathLike, input_file: str | os.PathLike, o
     from ..modeling.pretrained import resolve_model_dir
     from ..tokenization import BertTokenizer
 
-    model = load_for_inference(BertForTokenClassification, model_dir, dtype)
+    # The input is read (and its errors reported) before the model loads.
+    stored = config.get("id2label") or {}
+    labels = [stored[key] for key in sorted(stored, key=int)] if stored else []
+    sentences, labelled = read_for_prediction(input_file, labels)
+    model = load_for_inference(BertForTokenClassification, model_dir, dtype, task="ner")
     id2label = model.config.id2label or {i: f"LABEL_{i}" for i in range(model.config.num_labels)}
+    if labels != list(id2label.values()):  # config.json's labels were not the model's: read again with them
+        sentences, labelled = read_for_prediction(input_file, list(id2label.values()))
     document_context = config.get(CONFIG_DOCUMENT_CONTEXT, False) if document_context is None else document_context
     max_seq_length = max_seq_length or config.get(CONFIG_MAX_SEQ_LENGTH, 128)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
-    sentences, labelled = read_for_prediction(input_file, list(id2label.values()))
     pieces = word_piece_ids(tokenizer, (w for s in sentences for w in s.words))
     windows = build_windows(sentences, pieces, max_seq_length, tokenizer.cls_token_id, tokenizer.sep_token_id,
                             None, document_context)

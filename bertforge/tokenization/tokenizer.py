@@ -16,6 +16,7 @@ from typing import Literal, Sequence
 
 import torch
 
+from .._files import check_finished
 from ._divergent import DIVERGENT_RANGES
 from .reference import ReferenceTokenizer
 from .vocab import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, VOCAB_NAME, load_vocab, looks_cased, save_vocab
@@ -83,6 +84,7 @@ class BertTokenizer:
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"tokenizer directory not found: {directory}")
+        check_finished(directory)  # a failed or killed run's directory is not a finished model
         settings = {"do_lower_case": None}  # no config: guess from the vocabulary
         config_file = directory / TOKENIZER_CONFIG_NAME
         if config_file.is_file():

@@ -9,7 +9,9 @@ Writes are atomic: the file is written to a temporary name in the same directory
 fsync'ed, then renamed over the final name with `os.replace`; only then is the `latest` pointer
 (a one-line text file naming the checkpoint) replaced the same way. A run killed at any moment
 leaves the previous checkpoint and a pointer to it intact. Older checkpoints beyond `keep_last`
-are deleted after the pointer moved on.
+are deleted after the pointer moved on. Resuming from a directory falls back past a latest checkpoint
+that cannot be read (truncated, corrupt) to the newest older one that can; after a divergence, `rewind`
+points `latest` back at the last good checkpoint and sets the later ones aside (`diverged-*`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ _TEMP_PREFIX = ".tmp-"
 
 def checkpoint_name(step: int) -> str:
     return f"checkpoint-{step:08d}.pt"
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """The step in a checkpoint's file name (-1 for another name)."""
+    match = _NAME.match(Path(path).name)
+    return int(match.group(1)) if match else -1
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -91,8 +99,10 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], step: int, keep_last: int | None = None) -> Path:
-    """Write `state` as `directory/checkpoint-{step}.pt` atomically, move `latest` to it, keep the last K."""
+def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], step: int, keep_last: int | None = None,
+                    keep: Path | None = None) -> Path:
+    """Write `state` as `directory/checkpoint-{step}.pt` atomically, move `latest` to it, keep the last K
+    (and `keep`, e.g. the last checkpoint from before a divergence, whatever its age)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob(_TEMP_PREFIX + "*"):  # left by a run killed while saving
@@ -102,28 +112,69 @@ def save_checkpoint(directory: str | os.PathLike, state: dict[str, Any], step: i
     atomic_write(directory / LATEST, lambda file: file.write(f"{path.name}\n".encode()))
     if keep_last is not None and keep_last > 0:
         for old in list_checkpoints(directory)[:-keep_last]:
-            if old != path:
+            if old != path and (keep is None or old.name != Path(keep).name):
                 old.unlink(missing_ok=True)
     return path
 
 
-def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
-    """A training state from a checkpoint file, or from the `latest` of a checkpoint directory."""
-    path = Path(path)
-    if path.is_dir():
-        found = latest_checkpoint(path)
-        if found is None:
-            raise FileNotFoundError(f"no checkpoint in {path}")
-        path = found
-    elif not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+def _read(path: Path) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:
         raise ValueError(f"{path}: cannot read training checkpoint ({error})") from None
     if not isinstance(state, dict) or "step" not in state or "model" not in state:
         raise ValueError(f"{path}: not a bertforge training checkpoint")
-    return state, path
+    return state
+
+
+def load_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], Path]:
+    """A training state from a checkpoint file, or from the `latest` of a checkpoint directory.
+
+    From a directory, a `latest` that cannot be read (truncated or corrupt: a disk that filled up, a copy
+    cut short) falls back to the newest older checkpoint that can, with a warning naming both; a file given
+    by name is read or refused, never replaced by another.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        if not path.is_file():
+            raise FileNotFoundError(f"checkpoint not found: {path}")
+        return _read(path), path
+    found = latest_checkpoint(path)
+    if found is None:
+        raise FileNotFoundError(f"no checkpoint in {path}")
+    older = [p for p in reversed(list_checkpoints(path)) if checkpoint_step(p) < checkpoint_step(found)]
+    first_error = None
+    for candidate in [found, *older]:
+        try:
+            state = _read(candidate)
+        except ValueError as error:
+            first_error = first_error or error
+            logger.warning("%s", error)
+            continue
+        if candidate != found:
+            logger.warning("the latest checkpoint %s cannot be read: resuming from %s, the newest one that can",
+                           found.name, candidate)
+        return state, candidate
+    raise first_error
+
+
+def rewind(directory: str | os.PathLike, good: Path | None) -> list[Path]:
+    """Point `latest` back at `good` and set the later checkpoints aside (renamed `diverged-*`, kept for a
+    look but no longer resumed from nor counted by keep_last). Returns the renamed files' new paths."""
+    directory = Path(directory)
+    step = checkpoint_step(good) if good is not None else -1
+    moved = []
+    for path in list_checkpoints(directory):
+        if checkpoint_step(path) > step:
+            target = path.with_name("diverged-" + path.name)
+            os.replace(path, target)
+            moved.append(target)
+    if good is not None:
+        atomic_write(directory / LATEST, lambda file: file.write(f"{Path(good).name}\n".encode()))
+    elif (directory / LATEST).exists():
+        (directory / LATEST).unlink()
+    _fsync_directory(directory)
+    return moved
 
 
 # -- RNG states -------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ module does the rest, identically for every task:
   main dev metric is kept in OUT (`config.json`, `model.safetensors`, `vocab.txt`, loadable with
   `from_pretrained` here and in Hugging Face transformers) with `eval_results.json`
   (`{"task", "metrics", "epoch", "step"}`, metrics as fractions) and the per-example dev predictions;
+* OUT holds a `RUNNING` marker from the start until everything is written: a failed or killed run's
+  model and eval_results.json are refused by the loaders (`bertforge._files.check_finished`);
 * `finetune_grid` runs the paper's learning-rate grid and repeats seeds, keeping the best run on dev
   and writing mean, std, min and max of every metric to OUT/summary.json.
 """
@@ -24,10 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import io
 import json
 import logging
 import math
 import os
+import pickle
 import shutil
 import time
 from dataclasses import dataclass
@@ -38,6 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._files import RUNNING, finish_run, mark_running
 from .checkpoint import atomic_write, latest_checkpoint
 from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer, TrainingArguments
 
@@ -144,11 +150,16 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
             task.write_predictions(output_dir, latest["predictions"])
         _json_dump(output_dir / EVAL_RESULTS, _eval_results(task.name, record))
 
+    settings = {"the training data (--train-file or --data-dir, --max-seq-length, --max-train-examples)":
+                features_fingerprint(task.train_features), "--group-by-length": order_fn is not None}
     trainer = Trainer(model, training, collate=task.collate, step_fn=task.step_fn,
                       phases=[Phase(task.train_features, order_fn=order_fn)], count_fn=task.count_fn,
-                      evaluator=evaluator, on_best=on_best,
+                      evaluator=evaluator, on_best=on_best, settings=settings,
                       checkpoint_extra={"finetuning": {"task": task.name}})
-    resume = latest_checkpoint(output_dir / CHECKPOINT_DIR) if args.resume else None
+    # A directory: its latest checkpoint, or the newest older one if that cannot be read.
+    resume = output_dir / CHECKPOINT_DIR if args.resume and latest_checkpoint(output_dir / CHECKPOINT_DIR) else None
+    if trainer.context.is_main:  # until the end, OUT's model and results are not a finished run's
+        mark_running(output_dir, f"bertforge fine-tuning ({task.name})")
     started = time.perf_counter()
     result = trainer.train(resume_from=resume)
     wall = time.perf_counter() - started
@@ -157,8 +168,28 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
         best["budget_spent"] = result.budget_spent
         best["wall_seconds"] = round(wall, 2)  # this run's training and evaluations (not a resumed run's earlier part)
         _json_dump(output_dir / EVAL_RESULTS, best)
+        finish_run(output_dir)
     trainer.context.barrier()
     return json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
+
+
+def features_fingerprint(features: Sequence[Any]) -> str:
+    """A SHA-256 of the training features' content (ids, labels, ...), feature by feature: the same data,
+    made by the same code, gives the same hash.
+
+    Recorded in checkpoints so that a resumed run on other data (another file, --max-seq-length or
+    --max-train-examples) is refused instead of silently continuing on it.
+    """
+    digest = hashlib.sha256(str(len(features)).encode())
+    buffer = io.BytesIO()
+    pickler = pickle.Pickler(buffer, protocol=4)
+    pickler.fast = True  # no memo: equal values give equal bytes, whether or not they are the same object
+    for feature in features:
+        buffer.seek(0)
+        buffer.truncate()
+        pickler.dump(feature)
+        digest.update(buffer.getbuffer())
+    return digest.hexdigest()
 
 
 def _set_unpad(model: nn.Module) -> None:
@@ -215,11 +246,14 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
     if (output_dir / LOG_NAME).exists():  # the grid would overwrite that run's model with its best one
         raise ValueError(f"{output_dir} holds a single run ({LOG_NAME}), not a learning-rate/seed grid: "
                          "choose another --output-dir for the grid")
+    if int(os.environ.get("RANK", "0")) == 0:  # OUT gets the best run's model only when every run is done
+        mark_running(output_dir, f"bertforge fine-tuning grid ({task.name})")
     runs = []
     for lr in lrs:
         for seed in seeds:
             run_dir = output_dir / _run_name(lr, seed)
             done = (run_dir / EVAL_RESULTS).is_file() and (run_dir / LOG_NAME).is_file() and \
+                not (run_dir / RUNNING).exists() and \
                 json.loads((run_dir / EVAL_RESULTS).read_text()).get("budget_spent") is not None
             if args.resume and done:
                 results = json.loads((run_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
@@ -245,6 +279,8 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
                "metrics": by_lr[f"{best_lr:g}"], "best_run": best_run, "by_lr": by_lr, "runs": runs}
     _copy_model(Path(best_run["dir"]), output_dir)
     _json_dump(output_dir / SUMMARY, summary)
+    if int(os.environ.get("RANK", "0")) == 0:
+        finish_run(output_dir)
     return summary
 
 

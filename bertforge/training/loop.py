@@ -13,6 +13,14 @@ AdamW and the linear schedule, logging, evaluation, checkpoints, exact resume an
 own slice of every micro-batch. The data position is therefore (epoch, steps done in the epoch), and
 a resumed run continues with the exact next batch.
 
+**Resume.** A checkpoint records the settings that change the result (RESUME_SETTINGS, the examples
+per phase and the caller's `settings`, e.g. a data fingerprint); a resumed run with other values is
+refused, naming each flag. A new learning rate is applied from the resumed step on (logged).
+
+**Divergence.** A non-finite loss stops training (NonFiniteLossError) with `latest` rewound to the
+last checkpoint saved before the loss became non-finite or exploded (EXPLODING_FACTOR times the
+first logged loss); while the loss explodes, that checkpoint is never pruned.
+
 **Losses.** `step_fn` returns the mean loss of its micro-batch, or a dict of such means (one per
 loss term, e.g. {"mlm_loss": ..., "nsp_loss": ...}, whose sum is trained). `count_fn(batch)` says
 over how many units each mean was taken (default: the examples; for a token-level loss, the labelled
@@ -65,8 +73,19 @@ EvalFn = Callable[[nn.Module, Batch], Metrics]
 CountFn = Callable[[Batch], float | Mapping[str, float]]
 
 
+# A logged training loss above this many times the job's first logged loss marks the run as diverging:
+# checkpoints saved in such a window are not offered as the checkpoint to go back to.
+EXPLODING_FACTOR = 10.0
+
+# TrainingArguments fields that change a run's result, each named by the flag that sets it: a resumed run
+# must have the checkpoint's (`lr` is applied from the resumed step on instead, see `Trainer.load_state`).
+RESUME_SETTINGS = ("batch_size", "grad_accum", "seed", "warmup_steps", "warmup_ratio", "weight_decay",
+                   "max_grad_norm", "precision", "drop_last")
+
+
 class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or infinite; the message names the step and the last good checkpoint."""
+    """The loss became NaN or infinite; the message names the step and the last checkpoint saved before the
+    run diverged (training then resumes from it: `latest` points there)."""
 
 
 @dataclass
@@ -232,6 +251,15 @@ class _Window:
         self.sums = {n: [float(a), float(b)] for n, (a, b) in state.items()}
 
 
+def _plain(value: Any) -> Any:
+    """A setting as compared on resume: tuples as lists (a checkpoint stores lists)."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def _show(value: Any) -> str:
+    return "none" if value is None else (",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value))
+
+
 def _is_pair(value) -> bool:
     return isinstance(value, (tuple, list)) and len(value) == 2
 
@@ -272,8 +300,12 @@ class Trainer:
         summarize_fn: Callable[[dict[str, float]], dict[str, float]] | None = None,
         optimizer_fn: Callable[[nn.Module], torch.optim.Optimizer] | None = None,
         checkpoint_extra: dict[str, Any] | None = None,
+        settings: Mapping[str, Any] | None = None,
         context: DistributedContext | None = None,
     ):
+        """`settings`: what else changes the run's result, by the flag (or words) that set it, e.g.
+        {"--data": <the data's fingerprint>}; saved in checkpoints, and a resume with other values is refused.
+        The TrainingArguments that matter (RESUME_SETTINGS) and the examples per phase are compared anyway."""
         if step_fn is None or collate is None:
             raise ValueError("the Trainer needs a step_fn and a collate function")
         if (train_dataset is None) == (phases is None):
@@ -290,6 +322,7 @@ class Trainer:
             raise ValueError(f"best_metric={args.best_metric!r} needs evaluation data or an evaluator")
         self.evaluator, self.on_best = evaluator, on_best
         self.checkpoint_extra = checkpoint_extra or {}
+        self.settings = dict(settings or {})
         self.output_dir = Path(args.output_dir)
         self.checkpoint_dir = self.output_dir / CHECKPOINT_DIR
         self.log_path = self.output_dir / LOG_NAME
@@ -319,6 +352,11 @@ class Trainer:
         self.window = _Window()
         self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=self.device)
         self.last_checkpoint: Path | None = None
+        # Checkpoints saved while the logged loss was finite and not exploding, (step, path), oldest first.
+        self.good_checkpoints: list[tuple[int, Path]] = []
+        self.reference_loss: float | None = None  # the job's first logged training loss
+        self._window_start_step = 0  # the step of the last log record: the current window follows it
+        self._diverging = False
         self.last_log: dict[str, Any] | None = None
         self.last_lr = self.scheduler.get_last_lr()[0]
         self._loss_names: set[str] = set()
@@ -503,13 +541,45 @@ class Trainer:
 
     def _check_finite(self) -> None:
         first_bad = int(self.context.all_reduce_max(self.first_bad_step.clone()))
-        if first_bad >= 0:
-            where = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
-                     else "no checkpoint was saved before it")
-            raise NonFiniteLossError(
-                f"the loss is not finite (NaN or inf) at step {first_bad}; training stopped, {where}. "
-                "Lower the learning rate, use a longer warm-up or clip gradients (max_grad_norm), "
-                "and resume from that checkpoint.")
+        if first_bad < 0:
+            return
+        good = [(step, path) for step, path in self.good_checkpoints if step < first_bad and path.exists()]
+        if self.context.is_main and self.checkpoint_dir.is_dir():
+            # `latest` goes back to the good checkpoint and the later ones are set aside, so that --resume
+            # continues from before the divergence.
+            moved = ckpt.rewind(self.checkpoint_dir, good[-1][1] if good else None)
+            if moved:
+                logger.warning("set aside checkpoints saved after the divergence began: %s",
+                               ", ".join(p.name for p in moved))
+        self.context.barrier()
+        if good:
+            where = (f"the last checkpoint from before it is {good[-1][1]} (step {good[-1][0]}), where --resume "
+                     "continues")
+        else:
+            where = "no checkpoint from before it was kept: start again"
+        raise NonFiniteLossError(
+            f"the loss is not finite (NaN or inf) at step {first_bad}; training stopped; {where}. "
+            "Lower the learning rate (--lr: a resumed run applies the new rate from its step on), use a longer "
+            "warm-up or clip gradients (--max-grad-norm).")
+
+    def _check_health(self, record: dict[str, Any]) -> None:
+        """Note whether a log record's training loss is finite and not exploding (over EXPLODING_FACTOR times
+        the job's first logged loss); checkpoints saved within an unhealthy window stop counting as good."""
+        loss = record.get("loss")
+        if loss is None:
+            return
+        healthy = math.isfinite(loss) and (self.reference_loss is None or loss <= EXPLODING_FACTOR *
+                                           max(self.reference_loss, 1e-3))
+        if healthy and self.reference_loss is None:
+            self.reference_loss = float(loss)
+        if not healthy:
+            self.good_checkpoints = [(s, p) for s, p in self.good_checkpoints if s <= self._window_start_step]
+            if not self._diverging and self.context.is_main:
+                logger.warning("step %d: the training loss %.4g is over %g times the first logged one (%.4g): "
+                               "diverging? Checkpoints from here are not offered to resume from",
+                               record["step"], loss, EXPLODING_FACTOR, self.reference_loss)
+        self._diverging = not healthy
+        self._window_start_step = record["step"]
 
     # -- logging, evaluation, checkpoints ----------------------------------------------------------
 
@@ -661,6 +731,9 @@ class Trainer:
             "best": self.best,
             "train_seconds": self.train_seconds + self.run_seconds,
             "config": config.to_dict() if hasattr(config, "to_dict") else None,
+            "settings": self._resume_settings(),
+            "loss_health": {"reference_loss": self.reference_loss, "diverging": self._diverging,
+                            "good_checkpoints": [p.name for _, p in self.good_checkpoints if p.exists()]},
             "args": {k: (str(v) if isinstance(v, os.PathLike) else v) for k, v in dataclasses.asdict(self.args).items()},
             **self.checkpoint_extra,
         }
@@ -687,16 +760,62 @@ class Trainer:
         self._check_finite()  # never save a diverged model
         state = self.state_dict()  # a collective under FSDP / DDP: every process takes part
         path = self.checkpoint_dir / ckpt.checkpoint_name(self.step)
+        # While the loss explodes, or before this window's loss is logged, the last checkpoint known to be good
+        # is never pruned: it is the one to go back to.
+        confirmed = [p for s, p in self.good_checkpoints if s <= self._window_start_step and s != self.step]
+        keep = confirmed[-1] if confirmed and (self._diverging or self.step != self._window_start_step) else None
         if self.context.is_main:
-            path = ckpt.save_checkpoint(self.checkpoint_dir, state, self.step, self.args.keep_last)
+            path = ckpt.save_checkpoint(self.checkpoint_dir, state, self.step, self.args.keep_last, keep=keep)
         self.context.barrier()
         self.last_checkpoint = path
+        if not self._diverging:
+            self.good_checkpoints = [(s, p) for s, p in self.good_checkpoints if s != self.step and p.exists()]
+            self.good_checkpoints.append((self.step, path))
         return path
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def _resume_settings(self) -> dict[str, Any]:
+        """What a resumed run must share with its checkpoint, by flag: see RESUME_SETTINGS and `settings`."""
+        values = {f"--{name.replace('_', '-')}": getattr(self.args, name) for name in RESUME_SETTINGS}
+        values["the examples per phase"] = [len(phase.dataset) for phase in self.phases]
+        values["the batch size per phase"] = [plan.batch_size for plan in self.plans]
+        return {**values, **self.settings}
+
+    def _check_resume_settings(self, state: dict[str, Any], path: str | os.PathLike | None) -> None:
+        """Refuse, in one line naming each setting, a resumed run whose result-changing settings differ."""
+        saved = state.get("settings")
+        if saved is None:  # a checkpoint from before settings were recorded: its TrainingArguments
+            saved_args = state.get("args") or {}
+            saved = {f"--{n.replace('_', '-')}": saved_args[n] for n in RESUME_SETTINGS if n in saved_args}
+        current = self._resume_settings()
+        differ = [name for name in current if name in saved and _plain(saved[name]) != _plain(current[name])]
+        if differ:
+            raise ValueError(
+                f"--resume: this run's settings differ from those of the checkpoint {path or ''}: " + "; ".join(
+                    f"{name} {_show(current[name])} here, {_show(saved[name])} there" for name in differ)
+                + ". Resume with the checkpoint's settings, or start a new run in another --output-dir")
+
+    def _apply_new_lr(self, saved_lr: float | None) -> None:
+        """A resumed run with another --lr: the schedule continues its shape from the resumed step, scaled to
+        the new peak rate (e.g. after a divergence, the same warm-up and decay at a lower rate)."""
+        if saved_lr is None or saved_lr == self.args.lr:
+            return
+        self.scheduler.base_lrs = [self.args.lr for _ in self.optimizer.param_groups]
+        for group, factor in zip(self.optimizer.param_groups, self.scheduler.lr_lambdas):
+            group["initial_lr"] = self.args.lr
+            group["lr"] = self.args.lr * factor(self.scheduler.last_epoch)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        self.last_lr = self.scheduler.get_last_lr()[0]
+        if self.context.is_main:
+            logger.warning("--resume with --lr %g (the checkpoint's run had %g): the new rate applies from step %d "
+                           "on, with the same warm-up and decay; the rate is now %.4g", self.args.lr, saved_lr,
+                           int(self.scheduler.last_epoch), self.last_lr)
+
+    def load_state(self, state: dict[str, Any], path: str | os.PathLike | None = None) -> None:
+        self._check_resume_settings(state, path)
         if state.get("total_steps") not in (None, self.total_steps):
-            raise ValueError(f"the checkpoint was made for a run of {state['total_steps']} steps, this one has "
-                             f"{self.total_steps}: the learning-rate schedule would not continue")
+            raise ValueError(f"--resume: the checkpoint was made for a run of {state['total_steps']} steps, this one "
+                             f"has {self.total_steps} (--max-steps, --epochs or --phase2-steps differ): the "
+                             "learning-rate schedule would not continue")
         over = {True: "the time budget", False: "the steps"}
         saved_budget = bool((state.get("args") or {}).get("budget_schedule", False))
         if saved_budget != self.args.budget_schedule:
@@ -719,11 +838,21 @@ class Trainer:
             self.module.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        self._apply_new_lr((state.get("args") or {}).get("lr"))
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
         self.position = DataPosition(**state["data_position"])
         self.best = state.get("best")
+        health = state.get("loss_health") or {}
+        self.reference_loss = health.get("reference_loss")
+        self._diverging = bool(health.get("diverging", False))
+        self._window_start_step = self.step
+        names = set(health.get("good_checkpoints", []))
+        if path is not None and not self._diverging:  # it was good when saved
+            names.add(Path(path).name)
+        self.good_checkpoints = [(int(ckpt.checkpoint_step(p)), p) for p in ckpt.list_checkpoints(self.checkpoint_dir)
+                                 if p.name in names and ckpt.checkpoint_step(p) <= self.step]
         self.train_seconds, self.run_seconds = float(state.get("train_seconds", 0.0)), 0.0
         self.window = _Window()
         if self.context.world_size == state.get("world_size", 1):
@@ -781,7 +910,7 @@ class Trainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if resume_from is not None:
             state, path = ckpt.load_checkpoint(resume_from)
-            self.load_state(state)
+            self.load_state(state, path)
             self.last_checkpoint = path
             self._truncate_log(self.step)
             if context.is_main:
@@ -816,6 +945,7 @@ class Trainer:
                     total_tokens = float(context.all_reduce_sum(torch.tensor(tokens, device=self.device)))
                     record = self._log(total_tokens, self.train_seconds + self.run_seconds, now - window_start - paused)
                     tokens, window_start, paused = 0.0, now, 0.0
+                    self._check_health(record)
                     self._write_log(record)
                     self.last_log = record
                     bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}")

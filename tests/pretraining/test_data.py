@@ -481,7 +481,7 @@ def test_cli(vocab, tmp_path, capsys):
     assert code == 2 and "absent.txt" in err and len(err.strip().splitlines()) == 1
     code = main(["prepare-pretraining", "--input", sample, "--vocab", vocab, "--output-dir", str(out),
                  "--masked-lm-prob", "1.5", "--quiet"])
-    assert code == 2 and "masked_lm_prob" in capsys.readouterr().err
+    assert code == 2 and "--masked-lm-prob must be in (0, 1), got 1.5" in capsys.readouterr().err
 
 
 def test_output_dir_gets_the_vocabulary_and_keeps_the_users(vocab, tmp_path):

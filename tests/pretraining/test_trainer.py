@@ -95,6 +95,26 @@ def test_exact_resume_with_dropout(corpus, tmp_path):
     assert final.load_report.newly_initialized == []
 
 
+def test_an_interrupted_run_is_unfinished_and_resumes_only_on_its_own_data(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    run_pretraining(args_for(corpus, out, save_every=5), stop_at_step=5)
+    assert (out / "RUNNING").is_file() and not (out / "final").exists()
+    # Other data (or another seed) is refused by name; the run is left as it was.
+    with pytest.raises(ValueError, match=r"--resume: .*--data [0-9a-f]{64} here, [0-9a-f]{64} there") as error:
+        run_pretraining(args_for(corpus, out, save_every=5, resume=True, data=corpus / "p128"))
+    assert "\n" not in str(error.value)
+    command = ["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", "tiny",
+               "--output-dir", str(out), "--batch-size", "8", "--max-steps", "20", "--lr", "1e-3", "--warmup-steps",
+               "5", "--save-every", "5", "--no-progress", "--resume"]
+    assert main(command + ["--seed", "3"]) == 2
+    assert capsys.readouterr().err.count("--seed 3 here, 0 there") == 1
+    assert main(command) == 0
+    assert not (out / "RUNNING").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "final", "log.jsonl"]
+    assert sorted(p.name for p in (out / "final").iterdir()) == [
+        "config.json", "model.safetensors", "tokenizer_config.json", "vocab.txt"]
+
+
 def _cli_args(corpus: Path, config: Path, out: Path, *extra: str) -> list[str]:
     return ["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", str(config),
             "--output-dir", str(out), "--batch-size", "8", "--grad-accum", "2", "--max-steps", "6", "--lr", "1e-3",

@@ -209,7 +209,7 @@ def test_cli_reports_a_malformed_row(tiny_dir, tmp_path, capsys):
     bad = tmp_path / "bad.csv"
     bad.write_text(_swag_text("0,v,1,a b,a,b,gold,e0,e1,e2,e3,7"))
     code = main(["finetune", "multiple-choice", "--train-file", str(bad), "--dev-file", str(SWAG / "val.csv"),
-                 "--model", str(tiny_dir), "--output-dir", str(tmp_path / "o")])
+                 "--model", str(tiny_dir), "--output-dir", str(tmp_path / "o"), "--max-seq-length", "64"])
     assert code == 2 and "bad.csv:2: label 7 is not in 0..3" in capsys.readouterr().err
 
 

@@ -98,7 +98,7 @@ def test_predict_writes_the_glue_submission_format(tiny_model, sst2_dir, tmp_pat
     out = tmp_path / "out"
     assert main(["finetune", "glue", "--task", "SST-2", "--data-dir", str(sst2_dir.parent), "--model",
                  str(tiny_model), "--output-dir", str(out), "--epochs", "1", "--batch-size", "32", "--lr", "1e-3",
-                 "--no-progress"]) == 0
+                 "--no-progress", "--max-seq-length", "64"]) == 0
     lines = (out / "SST-2.tsv").read_text().splitlines()  # written after training, from the best model
     assert lines[0] == "index\tprediction" and len(lines) == 11
     assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(10)]
@@ -144,7 +144,7 @@ def test_an_lr_grid_of_one_run_keeps_the_grid_layout_and_resume_reads_it_back(ti
     out = tmp_path / "out"
     command = ["finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent), "--model", str(tiny_model),
                "--output-dir", str(out), "--lr-grid", "1e-3", "--seed", "7", "--epochs", "1", "--max-train-examples",
-               "32", "--no-progress", "--no-test-predictions"]
+               "32", "--no-progress", "--no-test-predictions", "--max-seq-length", "64"]
     assert main(command) == 0
     run_dir = out / "lr0.001-seed7"
     summary = json.loads((out / "summary.json").read_text())
@@ -289,3 +289,114 @@ def test_random_init_script_copies_config_and_vocabulary_not_weights(tiny_model,
     with pytest.raises(SystemExit, match="already holds a model"):
         module.main(["--like", str(tiny_model), "--output-dir", str(tmp_path / "a"), "--seed", "5"])
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == before
+
+
+# -- failed runs and resume -------------------------------------------------------------------------
+
+def _predict(model: Path, sst2_dir: Path, output: Path) -> int:
+    return main(["predict", "--model", str(model), "--input", str(sst2_dir / "test.tsv"), "--output", str(output)])
+
+
+def test_a_failed_run_is_marked_unfinished_and_predict_refuses_it(tiny_model, sst2_dir, tmp_path, capsys):
+    task = glue_task("sst2", sst2_dir, tiny_model, max_train_examples=32)  # 2 steps an epoch
+    evaluate, calls = task.evaluate, []
+
+    def fails_the_second_time(model):
+        calls.append(model)
+        if len(calls) == 2:
+            raise ValueError("dev.tsv:3: an input the evaluation cannot take")
+        return evaluate(model)
+
+    task.evaluate = fails_the_second_time
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match="cannot take"):
+        finetune(task, fast_args(out, epochs=2, save_every=2))
+    # The first epoch's model and results were kept, as a finished run's would be: the marker tells them apart.
+    assert (out / "model.safetensors").is_file() and (out / "eval_results.json").is_file()
+    assert "unfinished" in (out / "RUNNING").read_text()
+    assert _predict(out, sst2_dir, tmp_path / "p.tsv") == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"bertforge predict: error: {out} holds an unfinished run (RUNNING marker")
+    assert error.count("\n") == 1 and "--resume" in error and not (tmp_path / "p.tsv").exists()
+    with pytest.raises(ValueError, match="unfinished run"):
+        BertForSequenceClassification.from_pretrained(out)
+    from bertforge.serving import pipeline
+
+    with pytest.raises(ValueError, match="unfinished run"):
+        pipeline("classify", out)
+    # Finished with --resume, the directory is a model like any other.
+    task.evaluate = evaluate
+    results = finetune(task, fast_args(out, epochs=2, save_every=2, resume=True))
+    assert not (out / "RUNNING").exists() and results["wall_seconds"] > 0
+    assert _predict(out, sst2_dir, tmp_path / "p.tsv") == 0
+
+
+def test_a_killed_run_is_marked_unfinished(tiny_model, sst2_dir, tmp_path, capsys):
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bertforge", "finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent),
+         "--model", str(tiny_model), "--output-dir", str(out), "--epochs", "1000", "--batch-size", "16",
+         "--max-train-examples", "32", "--eval-every", "2", "--lr", "1e-3", "--no-progress", "--no-test-predictions"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "eval_results.json").is_file() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert process.poll() is None, "the run ended before it could be killed"
+        assert (out / "eval_results.json").is_file(), "no evaluation within 2 minutes"
+    finally:
+        process.kill()  # SIGKILL: nothing in the run gets to clean up
+        process.wait()
+    assert (out / "RUNNING").is_file() and (out / "model.safetensors").is_file()
+    assert _predict(out, sst2_dir, tmp_path / "p.tsv") == 2
+    assert "holds an unfinished run" in capsys.readouterr().err
+
+
+def test_a_non_finite_loss_is_one_line_naming_the_checkpoint_to_resume_from(tiny_model, sst2_dir, tmp_path, capsys,
+                                                                            monkeypatch):
+    from bertforge.training.loop import Trainer
+
+    original = Trainer._optimizer_step
+
+    def diverges_at_step_7(self, step_loss):
+        original(self, step_loss * float("nan") if self.step >= 6 else step_loss)
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", diverges_at_step_7)
+    out = tmp_path / "out"
+    command = ["finetune", "glue", "--task", "sst2", "--data-dir", str(sst2_dir.parent), "--model", str(tiny_model),
+               "--output-dir", str(out), "--max-train-examples", "64", "--batch-size", "16", "--epochs", "3",
+               "--save-every", "4", "--log-every", "2", "--lr", "1e-3", "--no-progress", "--no-test-predictions"]
+    assert main(command) == 2
+    error = capsys.readouterr().err
+    checkpoints = out / "checkpoints"
+    assert error.startswith("bertforge finetune: error: the loss is not finite (NaN or inf) at step 7")
+    assert f"{checkpoints / 'checkpoint-00000004.pt'} (step 4), where --resume continues" in error
+    assert error.count("\n") == 1 and "Traceback" not in error
+    assert (out / "RUNNING").is_file()
+    # As the message says: a lower rate and --resume, from that checkpoint.
+    monkeypatch.undo()
+    assert main(command + ["--resume", "--lr", "5e-4"]) == 0
+    assert not (out / "RUNNING").exists()
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == [2, 4, 6, 8, 10, 12]
+
+
+def test_resume_on_other_training_data_is_refused(tiny_model, sst2_dir, tmp_path):
+    out = tmp_path / "out"
+    finetune(glue_task("sst2", sst2_dir, tiny_model, max_train_examples=32), fast_args(out, epochs=1, save_every=2))
+    other = tmp_path / "other" / "SST-2"
+    other.mkdir(parents=True)
+    (other / "dev.tsv").write_text((sst2_dir / "dev.tsv").read_text())
+    (other / "train.tsv").write_text("\n".join(["sentence\tlabel"] + [f"{s}\t{label}" for s, label in
+                                                                       sentences(192, 9)]) + "\n")
+    task = glue_task("sst2", other, tiny_model, max_train_examples=32)  # as many examples, other sentences
+    with pytest.raises(ValueError) as error:
+        finetune(task, fast_args(out, epochs=1, save_every=2, resume=True))
+    message = str(error.value)
+    assert message.startswith("--resume: this run's settings differ from those of the checkpoint")
+    assert "the training data (--train-file or --data-dir, --max-seq-length, --max-train-examples)" in message
+    assert "examples per phase" not in message and "--seed" not in message

@@ -399,7 +399,7 @@ def test_version_defaults_follow_the_paper(monkeypatch, tmp_path, tiny_dir):
             [(c, [q for q in qs if q[2] is not None]) for c, qs in TRAIN]))
         assert main(["finetune", "squad", "--train-file", str(data), "--dev-file", str(data), "--model", str(tiny_dir),
                      "--output-dir", str(tmp_path / version), "--version", version, "--max-seq-length", "32",
-                     "--max-query-length", "12"]) == 0
+                     "--max-query-length", "12", "--doc-stride", "8"]) == 0
         assert (seen["args"].epochs, seen["args"].batch_size, seen["args"].lr) == (epochs, batch, 5e-5)
 
 

@@ -522,3 +522,97 @@ def test_cpu_training_buckets_the_packed_rows(tmp_path, precision):
                                      progress=False, save_final=False), SyntheticPretrainingData(4), collate,
             MaskedLMStep(unpad=True))
     assert model.bert.unpad_row_bucket == DEFAULT_ROW_BUCKET
+
+
+# -- failed runs and resume -------------------------------------------------------------------------
+
+def _interrupted(tmp_path, name="run", data=None, **overrides) -> Path:
+    """A run of 8 steps stopped at step 4, with checkpoints at steps 2 and 4."""
+    settings = dict(max_steps=8, save_every=2, keep_last=3)
+    settings.update(overrides)
+    _trainer(tmp_path, name, data or SyntheticPretrainingData(48), **settings).train(stop_at_step=4)
+    return tmp_path / name / "checkpoints"
+
+
+@pytest.mark.parametrize("flag, change", [("--batch-size 4 here, 8 there", {"batch_size": 4}),
+                                          ("--seed 5 here, 0 there", {"seed": 5}),
+                                          ("--precision bf16 here, fp32 there", {"precision": "bf16"})])
+def test_resume_with_other_settings_is_refused_naming_them(tmp_path, flag, change):
+    checkpoints = _interrupted(tmp_path)
+    resumed = _trainer(tmp_path, "run", SyntheticPretrainingData(48), max_steps=8, save_every=2, **change)
+    with pytest.raises(ValueError) as error:
+        resumed.train(resume_from=checkpoints)
+    message = str(error.value)
+    assert flag in message and "checkpoint-00000004.pt" in message and "\n" not in message
+    assert resumed.step == 0  # refused before anything was loaded or trained
+
+
+def test_resume_with_other_data_is_refused(tmp_path):
+    checkpoints = _interrupted(tmp_path)
+    resumed = _trainer(tmp_path, "run", SyntheticPretrainingData(40), max_steps=8, save_every=2)
+    with pytest.raises(ValueError, match=r"the examples per phase 40 here, 48 there"):
+        resumed.train(resume_from=checkpoints)
+
+
+def test_resume_with_a_new_learning_rate_applies_it_from_the_resumed_step(tmp_path, caplog):
+    straight = _trainer(tmp_path, "straight", SyntheticPretrainingData(48), max_steps=8)
+    straight.train()
+    checkpoints = _interrupted(tmp_path)
+    resumed = _trainer(tmp_path, "run", SyntheticPretrainingData(48), max_steps=8, save_every=2, lr=2.5e-4)
+    with caplog.at_level("WARNING", logger="bertforge"):
+        resumed.train(resume_from=checkpoints)
+    assert "--resume with --lr 0.00025 (the checkpoint's run had 0.001): the new rate applies from step 4" \
+        in caplog.text
+    logged = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "run" / "log.jsonl").read_text().splitlines())}
+    expected = {r["step"]: r["lr"] for r in map(json.loads, (tmp_path / "straight" / "log.jsonl").read_text()
+                                              .splitlines())}
+    assert [logged[s] for s in range(1, 5)] == [expected[s] for s in range(1, 5)]  # before: the old rate
+    for s in range(5, 9):  # after: the same warm-up and decay, a quarter of the old peak
+        assert logged[s] == pytest.approx(expected[s] / 4, rel=1e-9), s
+    # The next resume compares against the new rate: the checkpoints now record it.
+    assert load_checkpoint(checkpoints)[0]["args"]["lr"] == 2.5e-4
+
+
+def test_a_truncated_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog):
+    checkpoints = _interrupted(tmp_path)
+    latest = checkpoints / "checkpoint-00000004.pt"
+    latest.write_bytes(latest.read_bytes()[: latest.stat().st_size // 2])  # a copy or a disk cut short
+    resumed = _trainer(tmp_path, "run", SyntheticPretrainingData(48), max_steps=8, save_every=2, keep_last=3)
+    with caplog.at_level("WARNING", logger="bertforge"):
+        result = resumed.train(resume_from=checkpoints)
+    assert "the latest checkpoint checkpoint-00000004.pt cannot be read: resuming from" in caplog.text
+    assert "checkpoint-00000002.pt, the newest one that can" in caplog.text
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 9))  # steps 3 and 4 trained again, once in the log
+    assert result.step == 8
+    # A file named on purpose is read or refused, never replaced by another.
+    latest.write_bytes(b"cut")
+    with pytest.raises(ValueError, match="checkpoint-00000004.pt: cannot read training checkpoint"):
+        load_checkpoint(latest)
+
+
+def test_divergence_names_the_last_checkpoint_before_the_loss_exploded(tmp_path):
+    step = MaskedLMStep()
+    calls = {"n": 0}
+
+    def exploding(model, batch):  # finite but huge from step 5, not a number from step 8
+        calls["n"] += 1
+        losses, metrics = step(model, batch)
+        if calls["n"] >= 5:
+            losses["mlm_loss"] = losses["mlm_loss"] * (1e9 if calls["n"] < 8 else float("nan"))
+        return losses, metrics
+
+    trainer = _trainer(tmp_path, "run", SyntheticPretrainingData(64), max_steps=10, save_every=2, keep_last=1,
+                       log_every=2)
+    trainer.step_fn = exploding
+    with pytest.raises(NonFiniteLossError) as error:
+        trainer.train()
+    message = str(error.value)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    # Steps 5 and 6 exploded: the checkpoint of step 6 is after the divergence, that of step 4 before it.
+    assert "at step 8" in message and f"{checkpoints / 'checkpoint-00000004.pt'} (step 4)" in message
+    assert "\n" not in message
+    # keep_last=1 did not prune it; `latest` points back at it, the later one is set aside.
+    assert latest_checkpoint(checkpoints).name == "checkpoint-00000004.pt"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "checkpoint-00000004.pt", "diverged-checkpoint-00000006.pt", "latest"]

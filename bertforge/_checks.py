@@ -1,0 +1,111 @@
+"""The command line's flag checks: every limit that can be judged from the flags (and a model's
+config.json) is checked before a model loads or a data file is read, so that a bad value fails in
+a second with the flag's name rather than hours later deep in a batch.
+
+`check_flags(args)` raises ValueError (the CLI prints it as one line); it reads nothing but
+config.json. `check_output(...)` guards what `predict` writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+from pathlib import Path
+
+# Counts that mean nothing at 0 or below (a batch of 0, a window of 0 tokens, ...).
+AT_LEAST_ONE = ("batch_size", "eval_batch_size", "grad_accum", "max_seq_length", "doc_stride", "max_query_length",
+                "n_best_size", "max_answer_length", "max_train_examples", "seeds", "save_every", "log_every",
+                "eval_every", "max_steps", "phase2_steps", "phase2_batch_size", "max_predictions_per_seq",
+                "dupe_factor", "workers", "shard_size", "buffer_documents", "buffer_tokens", "vocab_size",
+                "min_frequency", "lstm_hidden", "lstm_layers", "num_threads", "max_length")
+# Rates and durations that must be finite and above 0.
+POSITIVE = ("lr", "epochs", "max_minutes")
+# Values that may be 0 but not negative (nor NaN).
+NON_NEGATIVE = ("weight_decay", "max_grad_norm", "warmup_steps", "num_workers")
+# Shares in [0, 1]: whether 0 and whether 1 are allowed.
+FRACTIONS = {"masked_lm_prob": (False, False), "short_seq_prob": (True, True), "warmup_ratio": (True, False),
+             "lstm_dropout": (True, False)}
+
+
+def flag(name: str) -> str:
+    """The command-line spelling of an argparse destination: max_seq_length -> --max-seq-length."""
+    return "--" + name.replace("_", "-")
+
+
+def model_positions(model: str | os.PathLike) -> int | None:
+    """`max_position_embeddings` of a model directory's config.json (None when there is no readable one:
+    loading the model reports that later with its own message)."""
+    path = Path(model) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings", 512) if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming the first flag whose value cannot work; reads only the model's config.json."""
+    values = vars(args)
+    for name in AT_LEAST_ONE:
+        value = values.get(name)
+        if value is not None and value < 1:
+            raise ValueError(f"{flag(name)} must be at least 1, got {value}")
+    for name in POSITIVE:
+        value = values.get(name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{flag(name)} must be a positive number, got {value:g}")
+    for name in NON_NEGATIVE:
+        value = values.get(name)
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{flag(name)} must be 0 or more, got {value:g}")
+    for name, (zero, one) in FRACTIONS.items():
+        value = values.get(name)
+        if value is not None and not ((0 < value or (zero and value == 0)) and (value < 1 or (one and value == 1))):
+            raise ValueError(f"{flag(name)} must be in {'[' if zero else '('}0, 1{']' if one else ')'}, got {value:g}")
+    threshold = values.get("null_score_diff_threshold")
+    if threshold is not None and not math.isfinite(threshold):
+        raise ValueError(f"--null-score-diff-threshold must be a finite number, got {threshold}")
+    check_positions(args)
+    if values.get("command") == "finetune" and values.get("task_family") == "squad":
+        from .tasks.squad import SquadSettings
+
+        SquadSettings(**{k: values[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size",
+                                                "max_answer_length") if values.get(k) is not None}).check(flags=True)
+    elif values.get("doc_stride") is not None and values.get("max_seq_length") is not None \
+            and values["doc_stride"] >= values["max_seq_length"]:
+        raise ValueError(f"--doc-stride ({values['doc_stride']}) must be less than --max-seq-length "
+                         f"({values['max_seq_length']}) so that windows overlap")
+
+
+def check_positions(args: argparse.Namespace) -> None:
+    """--max-seq-length against the position embeddings in --model's config.json (read alone; a model
+    that is not a local directory yet, a Hub id, is skipped)."""
+    model, length = getattr(args, "model", None), getattr(args, "max_seq_length", None)
+    if model is None or length is None:
+        return
+    positions = model_positions(model)
+    if positions is not None and length > positions:
+        raise ValueError(f"--max-seq-length {length} exceeds the {positions} positions of {model} "
+                         f"(max_position_embeddings in its config.json)")
+
+
+def check_output(output: str | os.PathLike, inputs: list[str | os.PathLike], overwrite: bool,
+                 also: list[str | os.PathLike] = ()) -> None:
+    """Refuse to write `output` (and the side files `also`) over an input, or over an existing file
+    without `overwrite`: predictions never destroy what the user gave. ValueError naming --output."""
+    written = [Path(output), *(Path(p) for p in also)]
+    for path in written:
+        if path.is_dir():
+            raise ValueError(f"--output {path} is a directory; give a file name")
+        for source in inputs:
+            source = Path(source)
+            same = path.resolve() == source.resolve() or (path.exists() and source.exists()
+                                                           and os.path.samefile(path, source))
+            if same:
+                raise ValueError(f"--output {path} is the input file {source}: predictions never overwrite their "
+                                 f"input; choose another --output")
+        if path.exists() and not overwrite:
+            raise ValueError(f"--output: {path} exists; pass --overwrite to replace it")
