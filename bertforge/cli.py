@@ -139,7 +139,20 @@ def cmd_export_onnx(args: argparse.Namespace) -> None:
     print(f"wrote {report.path}: {report.task} pipeline, opset {report.opset}, dynamic batch and sequence; {check}")
 
 
+def _require_serve_extra() -> None:
+    """starlette and uvicorn come with the `serve` extra: say how to get them, before any model is loaded."""
+    import importlib
+
+    for module in ("starlette", "uvicorn"):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ModuleNotFoundError(f"{module} is not installed: pip install 'bertforge[serve]' "
+                                      "(starlette and uvicorn)") from None
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
+    _require_serve_extra()
     from .serving.server import ServerSettings, serve
 
     tasks = [t for value in args.task or [] for t in value.split(",") if t]
@@ -494,7 +507,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = commands.add_parser("prepare-pretraining", help="masked-LM / next-sentence instances from raw text")
     p.add_argument("--input", nargs="+", required=True, help="text files or globs")
     p.add_argument("--vocab", required=True, help="vocab.txt")
-    p.add_argument("--output-dir", required=True)
+    p.add_argument("--output-dir", required=True, help="instances, index.json, and a copy of --vocab with the "
+                   "tokenizer settings (all that `pretrain --data` needs)")
     p.add_argument("--input-format", choices=("auto", "bert", "text", "wiki"), default="auto",
                    help="auto: wiki for <doc> files, bert for one-sentence-per-line files, else text")
     p.add_argument("--max-seq-length", type=int, default=128)
@@ -529,8 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "convert-tf output or Hub id such as google-bert/bert-base-uncased[@revision]): its weights "
                    "and architecture; the data prepared with its vocab.txt (or one with [unusedN] replaced)")
     p.add_argument("--output-dir", required=True, help="log.jsonl, checkpoints/ and final/ go here")
-    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt, else "
-                   "--init-from's)")
+    p.add_argument("--vocab", help="the vocab.txt the data was prepared with (default: DATA/vocab.txt, which "
+                   "prepare-pretraining writes, else --init-from's; needed only for data prepared without it)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per micro-batch, all processes together")
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     p.add_argument("--lr", type=float, help="peak learning rate (default 1e-4; with --init-from 5e-5)")

@@ -1,6 +1,7 @@
 """The `bertforge` command: sub-commands that wrap the foundation, and its error handling."""
 
 import json
+import sys
 from pathlib import Path
 
 from bertforge import BertForPreTraining
@@ -40,3 +41,12 @@ def test_quickstart_pipeline_learns(tmp_path, capsys):
     assert report["held_out_last_eval"]["eval_mlm_loss"] < report["held_out_first_eval"]["eval_mlm_loss"]
     assert (tmp_path / "pretrain" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "features.jsonl").read_text().count("\n") == 2
+
+
+def test_serve_without_the_serve_extra_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    # starlette made unimportable (None in sys.modules), the server module forgotten so it is imported again.
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    monkeypatch.delitem(sys.modules, "bertforge.serving.server", raising=False)
+    assert main(["serve", "--model", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("bertforge serve: error: starlette is not installed: "
+                                       "pip install 'bertforge[serve]' (starlette and uvicorn)\n")

@@ -11,7 +11,9 @@ instance structure, one numpy Generator for masking. Separate streams mean that 
 masking with the same seed produce the same unmasked instances in the same order. The output is
 byte-identical for the same inputs, settings, seed and number of workers (but differs between
 worker counts: the file split and the NotNext windows change). The main process renames the shards
-to `shard-00000`, ... (worker 0's first) and writes `index.json` last, atomically.
+to `shard-00000`, ... (worker 0's first), copies the vocabulary (`vocab.txt`, byte for byte) and the
+tokenizer settings (`tokenizer_config.json`) beside them, so that the directory is all `bertforge
+pretrain` needs, and writes `index.json` last, atomically.
 
 Shuffling: instances are stored in corpus order (a document's instances together; dupes adjacent).
 Google shuffles all instances in memory; here the dataset is random access, so shuffling is the
@@ -35,6 +37,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .._files import write_text_atomic
 from .masking import mask_instance
 from .shards import (CONTINUATION_NAME, FIELDS, FORMAT, INDEX_NAME, MASK_FIELDS, MAX_SEQ_LENGTH_LIMIT, ShardWriter,
                      id_dtype, save_atomic, shard_file)
@@ -234,14 +237,60 @@ def _run_parallel(jobs: list[dict], bar) -> list[dict]:
     return [results[w] for w in range(len(jobs))]
 
 
-def _clear_outputs(directory: Path) -> None:
-    """Remove a previous run's index and shards (only files of this format's naming)."""
+def _clear_outputs(directory: Path, vocab_file: Path) -> None:
+    """Remove a previous run's index, shards and vocabulary files (only files of this format's naming;
+    `_check_vocab_target` has made sure that a `vocab.txt` here is such a copy, unless it is `vocab_file`)."""
+    from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
+    from ..tokenization.vocab import VOCAB_NAME
+
     index = directory / INDEX_NAME
     if index.exists():
         index.unlink()
+    (directory / CONTINUATION_NAME).unlink(missing_ok=True)
     for entry in directory.iterdir():
         if entry.is_file() and _STALE.match(entry.name):
             entry.unlink()
+    copy = directory / VOCAB_NAME
+    if copy.is_file() and not copy.samefile(vocab_file):
+        copy.unlink()
+        (directory / TOKENIZER_CONFIG_NAME).unlink(missing_ok=True)
+
+
+def _check_vocab_target(directory: Path, vocab_file: Path, fingerprint: str) -> None:
+    """Refuse before any work to replace a `DIR/vocab.txt` that holds another vocabulary than `vocab_file`,
+    unless it is the one a previous run wrote (its fingerprint is that run's index.json's `vocab_hash`)."""
+    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
+
+    target = directory / VOCAB_NAME
+    if not target.is_file() or target.samefile(vocab_file):
+        return
+    try:
+        existing = vocab_fingerprint(target)
+    except ValueError:  # not a BERT vocabulary at all
+        existing = None
+    if existing == fingerprint:
+        return
+    previous = None
+    if (directory / INDEX_NAME).is_file():
+        try:
+            previous = json.loads((directory / INDEX_NAME).read_text(encoding="utf-8")).get("vocab_hash")
+        except (json.JSONDecodeError, AttributeError):
+            previous = None
+    if existing is None or previous != existing:
+        raise ValueError(f"{target} already exists and is another vocabulary than {vocab_file}; the output directory "
+                         f"gets the vocabulary its data is made with: choose another --output-dir or move {target} away")
+
+
+def _write_tokenizer(directory: Path, vocab_file: Path, settings: dict) -> None:
+    """DIR/vocab.txt (a verbatim copy, so that every id stays its line number) and DIR/tokenizer_config.json."""
+    from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
+    from ..tokenization.vocab import VOCAB_NAME
+
+    target = directory / VOCAB_NAME
+    if not (target.is_file() and target.samefile(vocab_file)):
+        with open(vocab_file, encoding="utf-8", newline="") as source:  # newlines untranslated
+            write_text_atomic(target, source.read())
+    write_text_atomic(directory / TOKENIZER_CONFIG_NAME, json.dumps(settings, indent=2) + "\n")
 
 
 def _validate(max_seq_length, max_predictions_per_seq, masked_lm_prob, short_seq_prob, dupe_factor, masking,
@@ -276,6 +325,10 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
                         progress: bool = True, strict: bool = False) -> dict:
     """Write pre-training instances made from `inputs` to `output_dir`; returns the index dict.
 
+    `output_dir` also gets a copy of `vocab_file` and the tokenizer settings (`tokenizer_config.json`), so
+    that `bertforge pretrain --data output_dir` needs nothing else; an existing `output_dir/vocab.txt` holding
+    another vocabulary (not a previous run's) is a ValueError, raised before any work.
+
     `do_lower_case=None` guesses from the vocabulary (as `BertTokenizer`). Raises FileNotFoundError
     for a missing input or vocabulary, ValueError for bad settings or a corpus with no document.
     Bytes that are not UTF-8 are read as U+FFFD and counted: the index's `replaced_bytes` maps each
@@ -285,7 +338,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     from tqdm.auto import tqdm
 
     from ..tokenization import BertTokenizer
-    from ..tokenization.vocab import vocab_fingerprint
+    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
 
     _validate(max_seq_length, max_predictions_per_seq, masked_lm_prob, short_seq_prob, dupe_factor, masking,
               input_format, workers, shard_size, buffer_documents, buffer_tokens)
@@ -301,10 +354,13 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     tokenizer = BertTokenizer(vocab_file, do_lower_case=do_lower_case)  # raises for a missing/bad vocab
     vocab = tokenizer.vocab
     vocab_size = max(vocab.values()) + 1  # ids are line numbers
+    fingerprint = vocab_fingerprint(vocab)
+    vocab_path = Path(vocab_file) / VOCAB_NAME if Path(vocab_file).is_dir() else Path(vocab_file)
 
     directory = Path(output_dir)
+    _check_vocab_target(directory, vocab_path, fingerprint)
     directory.mkdir(parents=True, exist_ok=True)
-    _clear_outputs(directory)
+    _clear_outputs(directory, vocab_path)
     workers = min(workers, len(files))
     base = {
         "vocab_file": str(vocab_file), "do_lower_case": tokenizer.do_lower_case, "output_dir": str(directory),
@@ -325,7 +381,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
             else:
                 results = _run_parallel(jobs, bar)
         except BaseException:
-            _clear_outputs(directory)
+            _clear_outputs(directory, vocab_path)
             raise
 
     stats: Counter = Counter()
@@ -336,7 +392,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
         formats.update(result["formats"])
         replaced.update(result["replaced"])
     if stats["documents"] == 0:
-        _clear_outputs(directory)
+        _clear_outputs(directory, vocab_path)
         raise ValueError(f"no documents in the {len(files)} input file(s): the corpus is empty")
 
     shards = []
@@ -350,6 +406,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     for token, index in vocab.items():
         continuation[index] = token.startswith("##")
     save_atomic(directory / CONTINUATION_NAME, continuation)
+    _write_tokenizer(directory, vocab_path, tokenizer.settings())
 
     from ..tokenization.vocab import CLS, MASK, PAD, SEP
 
@@ -365,7 +422,8 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
         "seed": seed,
         "do_lower_case": tokenizer.do_lower_case,
         "vocab_size": vocab_size,
-        "vocab_hash": vocab_fingerprint(vocab),
+        "vocab_hash": fingerprint,  # tokenization.vocab_fingerprint of vocab.txt
+        "vocab_file": VOCAB_NAME,
         "input_ids_dtype": id_dtype(vocab_size).name,
         "special_ids": {"pad": vocab[PAD], "cls": vocab[CLS], "sep": vocab[SEP], "mask": vocab[MASK],
                         "unk": tokenizer.unk_token_id},

@@ -48,6 +48,7 @@ from ..training.checkpoint import latest_checkpoint, seed_everything
 from ..training.distributed import setup
 from ..training.loop import CHECKPOINT_DIR, LOG_NAME
 from .dataset import PretrainingDataset, collate
+from .shards import INDEX_NAME
 
 logger = logging.getLogger("bertforge")
 
@@ -228,14 +229,33 @@ def resolve_config(name: str, vocab_size: int, objective: str, max_seq_length: i
     return config
 
 
-def _vocab_file(args: PretrainingArguments, model_dir: Path | None = None) -> Path:
-    """--vocab, else DATA/vocab.txt, else MODEL/vocab.txt: the vocabulary the data was made with, shipped
-    with the final model."""
-    path = Path(args.vocab) if args.vocab else Path(args.data) / "vocab.txt"
-    if not args.vocab and not path.is_file() and model_dir is not None:
-        path = model_dir / "vocab.txt"
+def _vocab_file(args: PretrainingArguments, data: PretrainingDataset, model_dir: Path | None = None) -> Path:
+    """The vocabulary `data` was prepared with, shipped with the final model: DATA/vocab.txt (written by
+    prepare-pretraining), else --init-from's vocab.txt (checked against the data by `check_init_vocabulary`),
+    or --vocab, which must then have the data's fingerprint (index.json's `vocab_hash`).
+
+    Data prepared before the vocabulary was copied into it has no DATA/vocab.txt and needs --vocab (or
+    --init-from the model whose vocabulary it was prepared with).
+    """
+    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
+
+    shipped = Path(args.data) / VOCAB_NAME
+    if not args.vocab:
+        if not shipped.is_file() and model_dir is not None and (model_dir / VOCAB_NAME).is_file():
+            return model_dir / VOCAB_NAME
+        if not shipped.is_file():
+            raise FileNotFoundError(f"vocabulary not found: {shipped}; pass --vocab, the vocab.txt the data was "
+                                    "prepared with")
+        return shipped
+    path = Path(args.vocab)
+    path = path / VOCAB_NAME if path.is_dir() else path
     if not path.is_file():
-        raise FileNotFoundError(f"vocabulary not found: {path}; pass --vocab, the vocab.txt the data was prepared with")
+        raise FileNotFoundError(f"--vocab {path}: vocabulary file not found")
+    given, expected = vocab_fingerprint(path), data.index.get("vocab_hash")
+    if expected is not None and given != expected:
+        made_with = shipped if shipped.is_file() else data.path / INDEX_NAME
+        raise ValueError(f"--vocab {path} (fingerprint {given}) is not the vocabulary {args.data} was prepared with "
+                         f"({made_with}, fingerprint {expected}): leave --vocab out, or prepare the data again with it")
     return path
 
 
@@ -371,7 +391,7 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
     phase2 = open_dataset(args.phase2_data, args.seed) if args.phase2_data else None
     evaluation = open_dataset(args.eval_data, args.seed) if args.eval_data else None
     datasets = [d for d in (train, phase2, evaluation) if d is not None]
-    vocab_file = _vocab_file(args, model_dir)
+    vocab_file = _vocab_file(args, train, model_dir)
     vocab = load_vocab(vocab_file)
     vocab_size = max(vocab.values()) + 1
     max_seq_length = max(d.index["max_seq_length"] for d in datasets)

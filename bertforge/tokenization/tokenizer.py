@@ -104,14 +104,17 @@ class BertTokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         save_vocab(self.vocab, directory / VOCAB_NAME)
-        config = {
+        (directory / TOKENIZER_CONFIG_NAME).write_text(json.dumps(self.settings(), indent=2) + "\n")
+
+    def settings(self) -> dict:
+        """The contents of `tokenizer_config.json` (transformers' keys): what `from_pretrained` reads back."""
+        return {
             "tokenizer_class": "BertTokenizer", "do_lower_case": self.do_lower_case,
             "strip_accents": self.strip_accents, "tokenize_chinese_chars": True,
             "max_input_chars_per_word": self.max_input_chars_per_word,
             "model_max_length": self.model_max_length,
             "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK,
         }
-        (directory / TOKENIZER_CONFIG_NAME).write_text(json.dumps(config, indent=2) + "\n")
 
     # ---------------------------------------------------------------- tokens
 

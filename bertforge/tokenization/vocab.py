@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping, Sequence
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
@@ -38,9 +38,18 @@ def save_vocab(vocab: dict[str, int], path: str | os.PathLike) -> None:
     Path(path).write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
 
 
-def vocab_fingerprint(vocab: dict[str, int]) -> str:
-    """A short hash that changes when any token or id changes (stored with pre-training data)."""
-    digest = hashlib.sha256("\n".join(sorted(vocab, key=vocab.get)).encode("utf-8"))
+def vocab_fingerprint(vocab: str | os.PathLike | Mapping[str, int] | Sequence[str]) -> str:
+    """A short hash of a vocabulary's tokens in id order: equal exactly when every token has the same id.
+
+    `vocab`: a `vocab.txt` (or a directory holding one), a token -> id mapping, or the tokens in id
+    order. Pre-training data stores it as `vocab_hash` in its `index.json` (and pre-training checkpoints
+    in their extra state), so data, a vocabulary file and a model can be matched without comparing files.
+    Value: the first 16 hex digits of the sha256 of the tokens joined by newlines.
+    """
+    if isinstance(vocab, (str, os.PathLike)):
+        vocab = load_vocab(vocab)
+    tokens = sorted(vocab, key=vocab.get) if isinstance(vocab, Mapping) else list(vocab)
+    digest = hashlib.sha256("\n".join(tokens).encode("utf-8"))
     return digest.hexdigest()[:16]
 
 

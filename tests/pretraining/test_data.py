@@ -20,7 +20,7 @@ import torch
 from bertforge.pretraining import FORMAT, IGNORE_INDEX, PretrainingDataset, collate, prepare_pretraining
 from bertforge.pretraining.masking import num_to_predict
 from bertforge.pretraining.text import detect_format, read_documents, text_paragraphs
-from bertforge.tokenization import train_vocab
+from bertforge.tokenization import train_vocab, vocab_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 PRETRAINING = REPO.parent / "shared" / "data" / "pretraining"
@@ -482,3 +482,42 @@ def test_cli(vocab, tmp_path, capsys):
     code = main(["prepare-pretraining", "--input", sample, "--vocab", vocab, "--output-dir", str(out),
                  "--masked-lm-prob", "1.5", "--quiet"])
     assert code == 2 and "--masked-lm-prob must be in (0, 1), got 1.5" in capsys.readouterr().err
+
+
+def test_output_dir_gets_the_vocabulary_and_keeps_the_users(vocab, tmp_path):
+    sample = _data() / "sample_text.txt"
+    out = tmp_path / "data"
+    _prepare([sample], vocab, out, dupe_factor=1)
+    assert (out / "vocab.txt").read_bytes() == Path(vocab).read_bytes()
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["do_lower_case"] is True and config["tokenizer_class"] == "BertTokenizer"
+    assert json.loads((out / "index.json").read_text())["vocab_hash"] == vocab_fingerprint(vocab)
+    # Preparing again into the same directory with another vocabulary replaces the previous run's copy...
+    lines = Path(vocab).read_text().splitlines()
+    other = tmp_path / "other" / "vocab.txt"
+    other.parent.mkdir()
+    other.write_text("\n".join(lines[:-1]) + "\n")
+    _prepare([sample], other, out, dupe_factor=1)
+    assert (out / "vocab.txt").read_bytes() == other.read_bytes()
+    # ... and the vocabulary given may live in the output directory itself.
+    _prepare([sample], out / "vocab.txt", out, dupe_factor=1)
+    assert (out / "vocab.txt").read_bytes() == other.read_bytes()
+    # A failed run leaves nothing that looks finished, and does not block the next one.
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        _prepare([empty], vocab, out, dupe_factor=1)
+    assert sorted(p.name for p in out.iterdir()) == []
+    _prepare([sample], vocab, out, dupe_factor=1)
+    assert (out / "vocab.txt").read_bytes() == Path(vocab).read_bytes()
+    # A vocab.txt the user put there is not overwritten: an error before any work, the directory untouched.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "vocab.txt").write_text("my own\n")
+    with pytest.raises(ValueError) as error:
+        _prepare([sample], vocab, mine, dupe_factor=1)
+    assert str(error.value) == (f"{mine / 'vocab.txt'} already exists and is another vocabulary than {vocab}; the "
+                                "output directory gets the vocabulary its data is made with: choose another "
+                                f"--output-dir or move {mine / 'vocab.txt'} away")
+    assert sorted(p.name for p in mine.iterdir()) == ["vocab.txt"]
+    assert (mine / "vocab.txt").read_text() == "my own\n"

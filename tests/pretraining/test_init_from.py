@@ -176,8 +176,9 @@ def test_data_of_another_vocabulary_is_an_error_naming_the_one_to_prepare_with(d
     assert main(["pretrain", "--data", str(data / "own"), "--init-from", str(peer_checkpoint), "--max-steps", "1",
                  "--output-dir", str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"bertforge pretrain: error: pre-training data {data / 'own'} was prepared with another "
-                          f"vocabulary")
+    # The data carries the vocabulary it was prepared with (DATA/vocab.txt): the error names that file.
+    assert err.startswith(f"bertforge pretrain: error: the data's vocabulary {data / 'own' / 'vocab.txt'} is not "
+                          f"--init-from {peer_checkpoint}'s nor an extension of it")
     assert f"prepare it with the model's vocabulary (bertforge prepare-pretraining --vocab " \
            f"{peer_checkpoint / 'vocab.txt'} ...)" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()

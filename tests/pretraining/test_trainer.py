@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from bertforge.pretraining import prepare_pretraining
 from bertforge.pretraining.trainer import (
     PretrainingArguments, next_token_labels, run_pretraining, unmasked_input_ids,
 )
-from bertforge.tokenization import train_vocab
+from bertforge.tokenization import train_vocab, vocab_fingerprint
 
 REPO = Path(__file__).resolve().parents[2]
 BOOK = REPO.parent / "shared" / "data" / "pretraining" / "books" / "Carroll_Alice_1865.txt"
@@ -228,3 +229,45 @@ def test_cli_refuses_to_overwrite_a_run_and_reports_bad_input(corpus, tmp_path, 
     lines = (out / "log.jsonl").read_text()
     assert main(["pretrain", "--data", str(corpus / "p64"), "--config", "tiny", *common, "--resume"]) == 0
     assert (out / "log.jsonl").read_text() == lines
+
+
+def test_prepared_data_is_all_pretrain_needs(corpus, tmp_path, capsys):
+    # The README's road: prepare-pretraining, then pretrain --data with no --vocab.
+    data = corpus / "p64"
+    assert (data / "vocab.txt").read_bytes() == (corpus / "vocab.txt").read_bytes()
+    assert json.loads((data / "tokenizer_config.json").read_text())["do_lower_case"] is True
+    index = json.loads((data / "index.json").read_text())
+    assert index["vocab_hash"] == vocab_fingerprint(corpus / "vocab.txt") == vocab_fingerprint(data)
+    out = tmp_path / "run"
+    assert main(["pretrain", "--data", str(data), "--config", "tiny", "--output-dir", str(out),
+                 "--batch-size", "4", "--max-steps", "2", "--no-progress"]) == 0
+    assert (out / "final" / "vocab.txt").read_text() == (data / "vocab.txt").read_text()
+
+
+def test_pretrain_refuses_a_vocab_that_is_not_the_datas(corpus, tmp_path, capsys):
+    lines = (corpus / "vocab.txt").read_text().splitlines()
+    lines[10], lines[11] = lines[11], lines[10]  # same size, two ids swapped
+    other = tmp_path / "other-vocab.txt"
+    other.write_text("\n".join(lines) + "\n")
+    data = corpus / "p64"
+    assert main(["pretrain", "--data", str(data), "--vocab", str(other), "--config", "tiny",
+                 "--output-dir", str(tmp_path / "run"), "--max-steps", "2", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bertforge pretrain: error: --vocab {other} (fingerprint {vocab_fingerprint(other)}) is not the "
+                   f"vocabulary {data} was prepared with ({data / 'vocab.txt'}, fingerprint "
+                   f"{vocab_fingerprint(data)}): leave --vocab out, or prepare the data again with it\n")
+    assert not (tmp_path / "run").exists()
+
+
+def test_data_prepared_without_its_vocab_still_trains_with_vocab(corpus, tmp_path, capsys):
+    old = tmp_path / "old-data"  # as prepare-pretraining wrote it before it copied the vocabulary
+    shutil.copytree(corpus / "p64", old)
+    (old / "vocab.txt").unlink()
+    (old / "tokenizer_config.json").unlink()
+    common = ["--config", "tiny", "--max-steps", "1", "--batch-size", "4", "--no-progress"]
+    assert main(["pretrain", "--data", str(old), "--output-dir", str(tmp_path / "a"), *common]) == 2
+    assert capsys.readouterr().err == (f"bertforge pretrain: error: vocabulary not found: {old / 'vocab.txt'}; pass "
+                                       "--vocab, the vocab.txt the data was prepared with\n")
+    assert main(["pretrain", "--data", str(old), "--vocab", str(corpus / "vocab.txt"),
+                 "--output-dir", str(tmp_path / "b"), *common]) == 0
+    assert (tmp_path / "b" / "final" / "vocab.txt").is_file()

@@ -10,12 +10,13 @@ last merges: nothing here depends on which.
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab, train_vocab
+from bertforge.tokenization import SPECIAL_TOKENS, BertTokenizer, load_vocab, train_vocab, vocab_fingerprint
 from bertforge.tokenization.reference import BasicTokenizer
 
 
@@ -96,3 +97,16 @@ def test_load_vocab_reads_a_directory_and_keeps_line_numbers(tmp_path):
     (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello  \n##lo\n", encoding="utf-8")
     vocab = load_vocab(tmp_path)
     assert vocab == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4, "hello": 5, "##lo": 6}
+
+
+def test_vocab_fingerprint_of_a_file_a_mapping_and_a_token_list(book, tmp_path):
+    path = tmp_path / "vocab.txt"
+    vocab = train_vocab([book], vocab_size=300, output=path, show_progress=False)
+    tokens = path.read_text(encoding="utf-8").splitlines()
+    fingerprint = vocab_fingerprint(path)
+    assert fingerprint == vocab_fingerprint(tmp_path) == vocab_fingerprint(vocab) == vocab_fingerprint(tokens)
+    assert fingerprint == hashlib.sha256("\n".join(tokens).encode("utf-8")).hexdigest()[:16]
+    swapped = tokens[:]
+    swapped[5], swapped[6] = swapped[6], swapped[5]  # the same tokens, two ids exchanged
+    assert vocab_fingerprint(swapped) != fingerprint
+    assert vocab_fingerprint(tokens + ["extra"]) != fingerprint

@@ -1,0 +1,291 @@
+"""Every shell command in the README runs, as written, so the README cannot drift from the code.
+
+Each ```bash block of README.md is one test: its commands (`\\` continuations joined, trailing `# comments`
+dropped) run in order in a scratch directory that holds the inputs the README names (`corpus/*.txt`,
+`glue/`, `train.json`, ...), made from a few rows of the real data in ../shared/data. Only two things
+change, both in the tables below, keyed by the README's literal text:
+
+- SUBSTITUTIONS: sizes (a small vocabulary, 2 steps instead of 10,000, smaller batches) and the model
+  (`DIR`: a checkpoint of BERT-Tiny's width with 4 layers, enough for `--features concat-last-4`, random
+  weights, with bert-base-uncased's real vocabulary from the packaged all-MiniLM-L6-v2: it loads as any
+  checkpoint does, at a fraction of MiniLM's compute);
+- INPUTS: how each input path the README names is made.
+
+`bertforge ...` runs in this process through `bertforge.cli.main` (what the `bertforge` console script
+calls); `torchrun` runs as `python -m torch.distributed.run` (two processes, Gloo on CPU) on a free port.
+A block that cannot run here is marked in the README by a comment line just before it,
+`<!-- readme-test: skip REASON -->`, and skipped with that reason; a single command that cannot (a Hub
+download) is named in SKIP_COMMANDS and reported as a skipped test of its own.
+
+A new README command needs at most a new row in a table: a size to shrink, an input to make, a reason to
+skip it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from bertforge.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SWAG = Path(__file__).parent / "fixtures" / "swag"
+Make = Callable[[Path, Path], None]  # writes one input: (its path in the scratch directory, ../shared/data)
+
+# The README's text -> what runs instead. A key is one argument or a flag with its value ("--flag value"),
+# matched as whole arguments; the value replaces them. `{model}` is the `model_dir` fixture's checkpoint.
+SUBSTITUTIONS: dict[str, str] = {
+    "--vocab-size 30522": "--vocab-size 300",
+    "--dupe-factor 5": "--dupe-factor 1",
+    "--batch-size 32": "--batch-size 4",
+    "--max-steps 10000": "--max-steps 2",
+    "--max-steps 1000000": "--max-steps 2",
+    "--eval-every 500": "--eval-every 1",
+    "--save-every 1000": "--save-every 1",
+    "--lr-grid 5e-5,4e-5,3e-5,2e-5": "--lr-grid 5e-5,2e-5",
+    "--seeds 5": "--seeds 1",
+    "DIR": "{model}",
+    "DIR/vocab.txt": "{model}/vocab.txt",
+}
+
+# A command holding one of these arguments is not run, and is reported as skipped with the reason.
+SKIP_COMMANDS: dict[str, str] = {
+    "google-bert/bert-base-uncased": "a Hub id: the model is downloaded from the Hugging Face Hub",
+}
+
+
+def _lines(path: Path, count: int, header: bool = True) -> Make:
+    """An input made of the first `count` rows of a shared-data file (after its header line)."""
+    def make(target: Path, shared: Path) -> None:
+        with open(shared / path, encoding="utf-8", newline="") as source:
+            rows = [line for _, line in zip(range(count + header), source)]
+        target.write_text("".join(rows), encoding="utf-8", newline="")
+    return make
+
+
+def _conll(path: str, sentences: int) -> Make:
+    """The first `sentences` sentences of a CoNLL-2003 file (-DOCSTART- lines kept)."""
+    def make(target: Path, shared: Path) -> None:
+        text = (shared / "conll2003" / path).read_text(encoding="utf-8")
+        blocks = text.split("\n\n")
+        kept, count = [], 0
+        for block in blocks:
+            kept.append(block)
+            count += not block.startswith("-DOCSTART-")
+            if count == sentences:
+                break
+        target.write_text("\n\n".join(kept) + "\n\n", encoding="utf-8")
+    return make
+
+
+def _squad(path: str, questions: int) -> Make:
+    """The first paragraph of a SQuAD file's first article, with its first `questions` questions."""
+    def make(target: Path, shared: Path) -> None:
+        data = json.loads((shared / "squad" / path).read_text(encoding="utf-8"))
+        article = data["data"][0]
+        paragraph = dict(article["paragraphs"][0], qas=article["paragraphs"][0]["qas"][:questions])
+        data["data"] = [dict(article, paragraphs=[paragraph])]
+        target.write_text(json.dumps(data), encoding="utf-8")
+    return make
+
+
+def _sst2_csv(split: str, count: int) -> Make:
+    """`finetune classify`'s CSV (text, label) from the first `count` SST-2 rows."""
+    def make(target: Path, shared: Path) -> None:
+        with open(shared / "glue" / "SST-2" / f"{split}.tsv", encoding="utf-8") as source:
+            rows = list(csv.DictReader(source, delimiter="\t", quoting=csv.QUOTE_NONE))[:count]
+        with open(target, "w", encoding="utf-8", newline="") as out:
+            writer = csv.writer(out)
+            writer.writerow(["text", "label"])
+            writer.writerows([row["sentence"].strip(), row["label"]] for row in rows)
+    return make
+
+
+def _copy(source: Path) -> Make:
+    def make(target: Path, shared: Path) -> None:
+        shutil.copyfile(source, target)
+    return make
+
+
+BOOKS = Path("pretraining") / "books"
+
+# Input paths the README names -> how to make them (target path, ../shared/data).
+INPUTS: dict[str, Make] = {
+    "corpus/a.txt": _lines(Path("pretraining") / "sample_text.txt", 200, header=False),
+    "corpus/b.txt": _lines(BOOKS / "Carroll_Alice_1865.txt", 300, header=False),
+    "heldout.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
+    "domain/a.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
+    "glue/MRPC/train.tsv": _lines(Path("glue") / "MRPC" / "train.tsv", 8),
+    "glue/MRPC/dev.tsv": _lines(Path("glue") / "MRPC" / "dev.tsv", 8),
+    "glue/MRPC/test.tsv": _lines(Path("glue") / "MRPC" / "test.tsv", 4),
+    "glue/RTE/train.tsv": _lines(Path("glue") / "RTE" / "train.tsv", 8),
+    "glue/RTE/dev.tsv": _lines(Path("glue") / "RTE" / "dev.tsv", 8),
+    "glue/RTE/test.tsv": _lines(Path("glue") / "RTE" / "test.tsv", 4),
+    "train.csv": _sst2_csv("train", 8),
+    "dev.csv": _sst2_csv("dev", 8),
+    "train.json": _squad("v2.0/train-v2.0.first10.json", 4),
+    "dev.json": _squad("v2.0/dev-v2.0.cs224n-half.json", 4),
+    "conll/train.txt": _conll("train.txt", 6),
+    "conll/valid.txt": _conll("valid.txt", 4),
+    "swag/train.csv": _copy(SWAG / "train.csv"),
+    "swag/val.csv": _copy(SWAG / "val.csv"),
+}
+
+SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s+(.*?)\s*-->")
+
+
+def readme_blocks(text: str) -> list[dict]:
+    """The ```bash blocks: {"name" (the heading above and a number), "commands" (argument lists), "skip"
+    (the reason of a `<!-- readme-test: skip REASON -->` line just before the block, or None)}."""
+    blocks = []
+    heading = "top"
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):  # any fenced block: its `#` lines are comments, not headings
+            language = line[3:].strip()
+            end = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
+            if language == "bash":
+                marker = SKIP.search(lines[i - 1]) if i else None
+                body = "\n".join(lines[i + 1:end]).replace("\\\n", " ")  # join `\` continuations
+                commands = [shlex.split(command, comments=True) for command in body.splitlines()]
+                blocks.append({"name": f"{heading}-{len(blocks)}".replace(" ", "-"),
+                               "commands": [c for c in commands if c], "skip": marker.group(1) if marker else None})
+            i = end
+        elif line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        i += 1
+    return blocks
+
+
+def substitute(arguments: list[str], model: Path) -> list[str]:
+    """`arguments` with every SUBSTITUTIONS key (one argument, or a flag and its value) replaced."""
+    out: list[str] = []
+    i = 0
+    while i < len(arguments):
+        pair = " ".join(arguments[i:i + 2])
+        if i + 1 < len(arguments) and pair in SUBSTITUTIONS:
+            out += shlex.split(SUBSTITUTIONS[pair].format(model=model))
+            i += 2
+        elif arguments[i] in SUBSTITUTIONS:
+            out += shlex.split(SUBSTITUTIONS[arguments[i]].format(model=model))
+            i += 1
+        else:
+            out.append(arguments[i])
+            i += 1
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_command(arguments: list[str], cwd: Path, capsys) -> None:
+    """Run one README command in `cwd`; fail with its command line and error output unless it succeeds."""
+    program, rest = arguments[0], arguments[1:]
+    shown = shlex.join(arguments)
+    if program == "bertforge":
+        capsys.readouterr()
+        try:
+            code = main(rest)
+        except SystemExit as exit:  # argparse's usage errors, and a command's own exit
+            code = exit.code
+        captured = capsys.readouterr()
+        assert code in (0, None), f"`{shown}` exited with {code}:\n{captured.err[-3000:]}"
+        for flag in ("--output", "--output-dir"):  # what the command says it writes is there
+            if flag in rest:
+                written = cwd / rest[rest.index(flag) + 1]
+                assert written.is_file() and written.stat().st_size or written.is_dir() and any(
+                    written.iterdir()), f"`{shown}` succeeded but wrote nothing at {written}"
+    elif program == "torchrun":
+        command = [sys.executable, "-m", "torch.distributed.run", "--master_addr", "127.0.0.1",
+                   "--master_port", str(_free_port()), *rest]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+            [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, f"`{shown}` exited with {result.returncode}:\n{result.stderr[-3000:]}"
+    else:
+        pytest.fail(f"README command `{shown}`: no way to run {program!r} here; add a case to run_command "
+                    "or mark the block <!-- readme-test: skip REASON -->")
+
+
+def skip_reason(arguments: list[str]) -> str | None:
+    return next((SKIP_COMMANDS[a] for a in arguments if a in SKIP_COMMANDS), None)
+
+
+BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+SKIPPED = [(shlex.join(c), skip_reason(c)) for b in BLOCKS if not b["skip"] for c in b["commands"] if skip_reason(c)]
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory, shared_data) -> Path:
+    """A directory holding every input the README names (INPUTS), shared by the blocks in README order."""
+    root = tmp_path_factory.mktemp("readme")
+    for name, make in INPUTS.items():
+        target = root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        make(target, shared_data)
+    return root
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, uncased_vocab) -> Path:
+    """DIR: BERT-Tiny's width (H=128) with 4 layers (concat-last-4 needs them), random weights, and
+    bert-base-uncased's vocabulary."""
+    from bertforge import BertConfig, BertForPreTraining, BertTokenizer
+
+    directory = tmp_path_factory.mktemp("model")
+    torch.manual_seed(0)
+    BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522, num_hidden_layers=4)).save_pretrained(directory)
+    BertTokenizer(uncased_vocab, do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b["name"] for b in BLOCKS])
+def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, capsys):
+    if block["skip"]:
+        pytest.skip(block["skip"])
+    monkeypatch.chdir(workspace)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for arguments in block["commands"]:
+            if not skip_reason(arguments):
+                run_command(substitute(arguments, model_dir), workspace, capsys)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("command,reason", SKIPPED, ids=[c[:60] for c, _ in SKIPPED])
+def test_readme_command_not_run_here(command, reason):
+    pytest.skip(f"`{command}`: {reason}")
+
+
+def test_readme_tables_match_the_readme():
+    """Every substitution and input is still named by the README: a stale row fails instead of lingering."""
+    text = README.read_text(encoding="utf-8")
+    arguments = [a for block in BLOCKS for command in block["commands"] for a in command]
+    joined = [" ".join(arguments[i:i + 2]) for i in range(len(arguments))]
+    assert [key for key in {**SUBSTITUTIONS, **SKIP_COMMANDS} if key not in arguments and key not in joined] == []
+    named = {a.rstrip("/") for a in arguments}
+    for path in INPUTS:
+        parents = {str(Path(path).parent)} | {str(p) for p in Path(path).parents}
+        assert path in named or parents & named or any(
+            "*" in a and Path(path).match(a) for a in named), f"INPUTS[{path!r}]: the README names no such input"
+    assert "```bash" in text and any(not b["skip"] for b in BLOCKS)
