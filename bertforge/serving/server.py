@@ -20,8 +20,9 @@ Errors: body over `max_body_bytes`, more than `max_texts` inputs or an input ove
 characters -> 413; a body that does not arrive whole within `body_timeout_s` -> 408 and the
 connection is closed; JSON that cannot be used (unparsable, nested deeper than `MAX_JSON_DEPTH`, a
 string holding a lone surrogate, which is not Unicode text) -> 400; a body of the wrong shape or
-types, an empty text, an unknown option -> 422; all as `{"error": reason}`. No input gives a 500. Shutdown (SIGINT/SIGTERM) stops accepting
-connections and finishes the requests in flight before the process exits.
+types, an empty text, an unknown option -> 422; all as `{"error": reason}`. No input gives a 500.
+Shutdown (SIGINT/SIGTERM) stops accepting connections and finishes the requests in flight before
+the process exits.
 
 Needs the `serve` extra: `pip install 'bertforge[serve]'` (starlette, uvicorn).
 """
@@ -391,9 +392,11 @@ def _parse_json(raw: bytes) -> Any:
                     if _SURROGATE.search(key):
                         raise ApiError(400, f"a field name in {_json_path(path) or 'the body'} holds a lone "
                                             "surrogate: not valid Unicode text")
-                    stack.append((item, path + (key,), depth + 1))
+                    if isinstance(item, (str, list, dict)):  # numbers, booleans and null need no look
+                        stack.append((item, path + (key,), depth + 1))
             else:
-                stack.extend((item, path + (i,), depth + 1) for i, item in enumerate(value))
+                stack.extend((item, path + (i,), depth + 1) for i, item in enumerate(value)
+                             if isinstance(item, (str, list, dict)))
     return body
 
 
