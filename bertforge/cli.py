@@ -158,7 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     tasks = [t for value in args.task or [] for t in value.split(",") if t]
     settings = ServerSettings(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
-                              max_texts=args.max_texts, max_chars=args.max_chars)
+                              max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout)
     if args.num_threads:
         import torch
 
@@ -711,7 +711,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-micro-batching", action="store_true", help="one forward pass per request")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
     p.add_argument("--max-texts", type=int, default=64, help="inputs per request")
-    p.add_argument("--max-chars", type=int, default=10_000, help="characters per input text")
+    p.add_argument("--max-chars", type=int, default=10_000, help="characters per input text (413 over it)")
+    p.add_argument("--body-timeout", type=float, default=10.0,
+                   help="seconds to receive a request's whole body (408 and the connection closed after)")
     p.add_argument("--num-threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to finish in-flight requests on shutdown")

@@ -17,9 +17,12 @@ and runs them as one pipeline call on the single model thread. The event loop ne
 so it keeps accepting and validating requests meanwhile.
 
 Errors: body over `max_body_bytes`, more than `max_texts` inputs or an input over `max_chars`
-characters -> 413; unparsable JSON -> 400; a body of the wrong shape or types, an empty text, an
-unknown option -> 422; all as `{"error": reason}`. Shutdown (SIGINT/SIGTERM) stops accepting
-connections and finishes the requests in flight before the process exits.
+characters -> 413; a body that does not arrive whole within `body_timeout_s` -> 408 and the
+connection is closed; JSON that cannot be used (unparsable, nested deeper than `MAX_JSON_DEPTH`, a
+string holding a lone surrogate, which is not Unicode text) -> 400; a body of the wrong shape or
+types, an empty text, an unknown option -> 422; all as `{"error": reason}`. No input gives a 500.
+Shutdown (SIGINT/SIGTERM) stops accepting connections and finishes the requests in flight before
+the process exits.
 
 Needs the `serve` extra: `pip install 'bertforge[serve]'` (starlette, uvicorn).
 """
@@ -33,6 +36,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +47,7 @@ from typing import Any, Sequence
 import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -63,15 +67,19 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     max_texts: int = 64  # inputs per request
     max_chars: int = 10_000  # characters per input text
+    body_timeout_s: float = 10.0  # to receive a request's whole body, however it trickles in
     model: str = ""
     backend: str = "torch"
     dtype: str = "fp32"
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, reason: str):
+    """A request the server refuses: `status` and the one-line `reason` the client gets. `close`: end
+    the connection after answering (its body was not read to the end)."""
+
+    def __init__(self, status: int, reason: str, close: bool = False):
         super().__init__(reason)
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.close = status, reason, close
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -324,21 +332,81 @@ class MicroBatcher:
 # ---------------------------------------------------------------------------- request handling
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+# Deeper than any request needs (an object of lists of strings); Python's parser would otherwise
+# recurse until RecursionError.
+MAX_JSON_DEPTH = 16
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, at most `limit` bytes, within `timeout` seconds of the headers: a client whose
+    body never finishes arriving must not hold a connection (and its memory) open."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
             if int(declared) > limit:
-                raise ApiError(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+                raise ApiError(413, f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes",
+                               close=True)
         except ValueError:
-            raise ApiError(400, "invalid Content-Length header") from None
-    chunks, total = [], 0
-    async for chunk in request.stream():  # also bounds chunked bodies that declare no length
-        total += len(chunk)
-        if total > limit:
-            raise ApiError(413, f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+            raise ApiError(400, "invalid Content-Length header", close=True) from None
+
+    async def read() -> bytes:
+        chunks, total = [], 0
+        async for chunk in request.stream():  # also bounds chunked bodies that declare no length
+            total += len(chunk)
+            if total > limit:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes", close=True)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout:g} s", close=True) from None
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The parsed body, or ApiError(400) for JSON this server cannot use: unparsable (also numbers
+    Python will not convert), nested deeper than MAX_JSON_DEPTH, or a string (key or value) holding
+    a lone surrogate, which the JSON escape `\\ud800` can produce but which is no Unicode text (no
+    tokenizer or response can encode it)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError, over-long integers
+        raise ApiError(400, f"the body is not valid JSON: {error}") from None
+    stack: list[tuple[Any, tuple, int]] = [(body, (), 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            found = _SURROGATE.search(value)
+            if found:
+                where = _json_path(path) or "the body"
+                raise ApiError(400, f"{where} holds a lone surrogate (U+{ord(found.group()):04X}) at character "
+                                    f"{found.start()}: not valid Unicode text")
+        elif isinstance(value, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if _SURROGATE.search(key):
+                        raise ApiError(400, f"a field name in {_json_path(path) or 'the body'} holds a lone "
+                                            "surrogate: not valid Unicode text")
+                    if isinstance(item, (str, list, dict)):  # numbers, booleans and null need no look
+                        stack.append((item, path + (key,), depth + 1))
+            else:
+                stack.extend((item, path + (i,), depth + 1) for i, item in enumerate(value)
+                             if isinstance(item, (str, list, dict)))
+    return body
+
+
+def _json_path(path: tuple) -> str:
+    """("texts", 3) -> "texts[3]"."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else part)
+    return out
 
 
 def _validate(pipe: Pipeline, body: Any, settings: ServerSettings) -> tuple[dict[str, list[str]], dict[str, Any]]:
@@ -405,15 +473,17 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
             return _error(404, f"no pipeline {name!r} here; served: {', '.join(sorted(pipelines))}")
         pipe = pipelines[task]
         try:
-            raw = await _read_body(request, settings.max_body_bytes)
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as error:
-                raise ApiError(400, f"the body is not valid JSON: {error}") from None
+            raw = await _read_body(request, settings.max_body_bytes, settings.body_timeout_s)
+            body = _parse_json(raw)
             inputs, options = _validate(pipe, body, settings)
             results = await batcher.submit(task, inputs, options)
         except ApiError as error:
-            return _error(error.status, error.reason)
+            response = _error(error.status, error.reason)
+            if error.close:
+                response.headers["connection"] = "close"
+            return response
+        except ClientDisconnect:  # nobody reads this answer; it keeps the metrics honest (not a 500)
+            return _error(400, "the client disconnected before sending the whole body")
         except PipelineInputError as error:
             return _error(422, str(error))
         except Exception as error:  # noqa: BLE001 - a bug or a model failure: 500, logged by the batcher
@@ -432,7 +502,8 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
                              "dtype": settings.dtype,
                              "pipelines": info, "limits": {"max_body_bytes": settings.max_body_bytes,
                                                            "max_texts": settings.max_texts,
-                                                           "max_chars": settings.max_chars}})
+                                                           "max_chars": settings.max_chars,
+                                                           "body_timeout_s": settings.body_timeout_s}})
 
     async def metrics_endpoint(request: Request) -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

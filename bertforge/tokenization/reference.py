@@ -7,8 +7,12 @@ tasks need; the spans are tracked through cleaning, lower-casing and accent stri
 
 from __future__ import annotations
 
+import functools
+import itertools
 import re
 import unicodedata
+from collections.abc import Sequence
+from typing import NamedTuple
 
 Span = tuple[int, int]
 
@@ -42,21 +46,165 @@ def is_chinese_char(cp: int) -> bool:
 
 
 def strip_accents(text: str) -> str:
-    return "".join(c for c in unicodedata.normalize("NFD", text) if unicodedata.category(c) != "Mn")
+    """NFD, then without the non-spacing marks (category Mn), as Google's `_run_strip_accents`."""
+    text = unicodedata.normalize("NFD", text)
+    if text.isascii():
+        return text
+    patterns = _patterns()
+    return (patterns.marks if _has_astral(text) else patterns.marks_bmp).sub("", text)
+
+
+class _Memo(dict):
+    """Per-character normalisation, computed once per distinct character (bounded, so that a text of
+    many distinct characters cannot grow it without end)."""
+
+    LIMIT = 1 << 16
+
+    def __init__(self, normalize):
+        super().__init__()
+        self.normalize = normalize
+
+    def __missing__(self, char: str) -> str:
+        if len(self) >= self.LIMIT:
+            self.clear()
+        value = self[char] = self.normalize(char)
+        return value
+
+
+def _char_class(ranges: list[tuple[int, int]]) -> str:
+    """A regex character class body for inclusive code point `ranges`."""
+    return "".join(re.escape(chr(a)) if a == b else f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in ranges)
+
+
+def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
+               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_ASCII_PUNCTUATION = ((33, 47), (58, 64), (91, 96), (123, 126))
+
+
+class _Patterns(NamedTuple):
+    """The character classes above as regular expressions, so that every pass over a text runs in the
+    regex engine, in time linear in the text's length.
+
+    - removed: runs of the characters the cleanup drops (NUL, U+FFFD, controls but tab/newline/CR);
+    - words: in cleaned text, one CJK character or a run of neither whitespace nor CJK (Python's
+      `\\s` is `str.isspace`, the split of Google's `whitespace_tokenize`);
+    - pieces: in a normalised word, one punctuation character or a run of neither whitespace nor
+      punctuation (Google's `_run_split_on_punc`; whitespace made by normalisation splits too);
+    - marks: runs of the non-spacing marks (category Mn) that accent stripping drops.
+
+    `re` tests the astral (beyond U+FFFF) part of a class range by range for every character, so
+    `pieces` and `marks` come twice: for text without astral characters, classes without that part.
+    """
+
+    removed: re.Pattern
+    words: re.Pattern
+    pieces: re.Pattern
+    pieces_bmp: re.Pattern
+    marks: re.Pattern
+    marks_bmp: re.Pattern
+
+
+_ASTRAL = re.compile("[\U00010000-\U0010FFFF]")
+
+
+def _has_astral(text: str) -> bool:
+    return not text.isascii() and _ASTRAL.search(text) is not None
+
+
+@functools.cache
+def _patterns() -> _Patterns:
+    """Built once per process, from the Unicode categories of every code point, run by run."""
+    categories = map(unicodedata.category, map(chr, range(0x110000)))
+    removed, punctuation, marks = [(0, 0), (0xFFFD, 0xFFFD)], list(_ASCII_PUNCTUATION), []
+    last = -1
+    for kind, run in itertools.groupby(categories):
+        first, last = last + 1, last + len(list(run))
+        if kind in ("Cc", "Cf"):
+            removed.append((first, last))
+        elif kind[0] == "P":
+            punctuation.append((first, last))
+        elif kind == "Mn":
+            marks.append((first, last))
+    removed = [r for a, b in _merge(removed) for r in _without(a, b, "\t\n\r")]
+    # Google tests whitespace before punctuation; no character is both, but keep that order anyway.
+    punctuation = [r for a, b in _merge(punctuation)
+                   for r in _without(a, b, "".join(c for c in map(chr, range(a, b + 1)) if c.isspace()))]
+    marks = _merge(marks)
+
+    def bmp(ranges):
+        return [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
+
+    cjk = _char_class(list(_CJK_RANGES))
+    punct, punct_bmp = _char_class(punctuation), _char_class(bmp(punctuation))
+    return _Patterns(
+        removed=re.compile(f"[{_char_class(removed)}]+"), words=re.compile(f"[{cjk}]|[^\\s{cjk}]+"),
+        pieces=re.compile(f"[{punct}]|[^\\s{punct}]+"), pieces_bmp=re.compile(f"[{punct_bmp}]|[^\\s{punct_bmp}]+"),
+        marks=re.compile(f"[{_char_class(marks)}]+"), marks_bmp=re.compile(f"[{_char_class(bmp(marks))}]+"))
+
+
+def _without(a: int, b: int, chars: str) -> list[tuple[int, int]]:
+    """The range [a, b] less the code points of `chars`."""
+    out, start = [], a
+    for cp in sorted(ord(c) for c in chars if a <= ord(c) <= b):
+        if start <= cp - 1:
+            out.append((start, cp - 1))
+        start = cp + 1
+    if start <= b:
+        out.append((start, b))
+    return out
+
+
+class CharSpans(Sequence[Span]):
+    """The original-text span of each character of a basic token, computed on demand (a token can be
+    a million characters long): (p, p + 1) for the position p a character came from, or the whole
+    word's span for every character when normalisation changed the word's length unevenly."""
+
+    __slots__ = ("positions", "start", "length", "whole")
+
+    def __init__(self, positions: Sequence[int] | None, start: int, length: int, whole: Span | None = None):
+        self.positions, self.start, self.length, self.whole = positions, start, length, whole
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, k):
+        if isinstance(k, slice):
+            return [self[i] for i in range(*k.indices(self.length))]
+        if k < 0:
+            k += self.length
+        if not 0 <= k < self.length:
+            raise IndexError(k)
+        if self.whole is not None:
+            return self.whole
+        p = self.positions[self.start + k]
+        return (p, p + 1)
 
 
 class BasicTokenizer:
     """Cleanup, CJK splitting, lower-casing and accent stripping, punctuation splitting.
 
-    `strip_accents=None` follows `do_lower_case`, as in Google's and Hugging Face's tokenizers.
+    `strip_accents=None` follows `do_lower_case`, as in Google's and Hugging Face's tokenizers. Every
+    step runs in time linear in the text's length (a text of a million characters without a space is
+    one word, which WordPiece turns into [UNK]).
     """
 
     def __init__(self, do_lower_case: bool = True, strip_accents: bool | None = None):
         self.do_lower_case = do_lower_case
         self.strip_accents = do_lower_case if strip_accents is None else strip_accents
+        self._char_memo = _Memo(self._normalize)
 
     def tokenize(self, text: str) -> list[str]:
-        return [token for token, _ in self.tokenize_with_offsets(text)]
+        return [token for token, _ in self.tokens_with_spans(text)]
 
     def _normalize(self, word: str) -> str:
         if self.do_lower_case:
@@ -65,68 +213,51 @@ class BasicTokenizer:
 
     def tokenize_with_offsets(self, text: str, offset: int = 0) -> list[tuple[str, list[Span]]]:
         """Basic tokens, each with one original-text span per character of the token."""
-        # Cleanup and CJK padding, remembering where each kept character came from.
-        chars: list[tuple[str, int]] = []
-        for index, char in enumerate(text):
-            cp = ord(char)
-            if cp == 0 or cp == 0xFFFD or is_control(char):
-                continue
-            if is_whitespace(char):
-                chars.append((" ", -1))
-            elif is_chinese_char(cp):
-                chars.extend(((" ", -1), (char, index), (" ", -1)))
-            else:
-                chars.append((char, index))
+        return [(token, list(spans)) for token, spans in self.tokens_with_spans(text, offset)]
 
-        tokens: list[tuple[str, list[Span]]] = []
-        for word in _split_whitespace(chars):
-            original = "".join(c for c, _ in word)
-            normalized = self._normalize(original)
+    def tokens_with_spans(self, text: str, offset: int = 0) -> list[tuple[str, CharSpans]]:
+        """Basic tokens, each with its characters' original-text spans (shifted by `offset`)."""
+        patterns = _patterns()
+        removed, words = patterns.removed, patterns.words
+        # Cleanup: the position in `text` of each kept character (a range when nothing is dropped).
+        positions: Sequence[int]
+        if removed.search(text) is None:
+            cleaned, positions = text, range(offset, offset + len(text))
+        else:
+            kept: list[int] = []
+            last = 0
+            for match in removed.finditer(text):
+                kept.extend(range(offset + last, offset + match.start()))
+                last = match.end()
+            kept.extend(range(offset + last, offset + len(text)))
+            cleaned, positions = removed.sub("", text), kept
+
+        tokens: list[tuple[str, CharSpans]] = []
+        for word_match in words.finditer(cleaned):
+            word = word_match.group()
+            a, b = word_match.span()
+            normalized = self._normalize(word)
             # Lower-casing and NFD can change the length ("İ".lower() is two characters); aligning
             # character by character holds whenever the per-character lengths add up, and
             # otherwise every character gets the whole word's span.
-            pieces = [self._normalize(c) for c, _ in word]
-            if sum(map(len, pieces)) == len(normalized):
-                spans = [(offset + i, offset + i + 1) for (_, i), piece in zip(word, pieces) for _ in piece]
+            whole = None
+            if word.isascii():  # one character in, one out
+                char_positions, base = positions, a
             else:
-                whole = (offset + word[0][1], offset + word[-1][1] + 1)
-                spans = [whole] * len(normalized)
-            tokens.extend(_split_punctuation(normalized, spans))
+                lengths = list(map(len, map(self._char_memo.__getitem__, word)))
+                if sum(lengths) != len(normalized):
+                    char_positions, base = None, 0
+                    whole = (positions[a], positions[b - 1] + 1)
+                elif lengths.count(1) == len(lengths):
+                    char_positions, base = positions, a
+                else:
+                    char_positions = list(itertools.chain.from_iterable(map(itertools.repeat, positions[a:b], lengths)))
+                    base = 0
+            pieces = patterns.pieces if _has_astral(normalized) else patterns.pieces_bmp
+            for piece in pieces.finditer(normalized):
+                s, e = piece.span()
+                tokens.append((piece.group(), CharSpans(char_positions, base + s, e - s, whole)))
         return tokens
-
-
-def _split_whitespace(chars: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
-    # str.split() semantics, as Google's whitespace_tokenize.
-    words, current = [], []
-    for char, index in chars:
-        if char.isspace():
-            if current:
-                words.append(current)
-                current = []
-        else:
-            current.append((char, index))
-    if current:
-        words.append(current)
-    return words
-
-
-def _split_punctuation(word: str, spans: list[Span]) -> list[tuple[str, list[Span]]]:
-    out: list[tuple[str, list[Span]]] = []
-    start_new = True
-    for char, span in zip(word, spans):
-        if char.isspace():  # normalisation can, rarely, produce whitespace: Google splits there too
-            start_new = True
-            continue
-        if is_punctuation(char):
-            out.append((char, [span]))
-            start_new = True
-        else:
-            if start_new:
-                out.append(("", []))
-                start_new = False
-            token, token_spans = out[-1]
-            out[-1] = (token + char, token_spans + [span])
-    return out
 
 
 class WordpieceTokenizer:
@@ -136,6 +267,9 @@ class WordpieceTokenizer:
         self.vocab = vocab
         self.unk_token = unk_token
         self.max_input_chars_per_word = max_input_chars_per_word
+        # No piece longer than the longest entry can match: the greedy search starts there, so a word
+        # costs its length times this, not its length squared (same pieces as Google's loop).
+        self.longest_piece = max(map(len, vocab), default=0)
 
     def tokenize_word(self, word: str) -> list[tuple[str, int, int]]:
         """Pieces of one basic token with their [start, end) character range in it."""
@@ -144,7 +278,7 @@ class WordpieceTokenizer:
         pieces = []
         start = 0
         while start < len(word):
-            end = len(word)
+            end = min(len(word), start + self.longest_piece)
             while start < end:
                 piece = word[start:end] if start == 0 else "##" + word[start:end]
                 if piece in self.vocab:
@@ -175,7 +309,7 @@ class ReferenceTokenizer:
             if i % 2:  # a special token written in the text
                 out.append((part, (position, position + len(part))))
             else:
-                for word, spans in self.basic.tokenize_with_offsets(part, position):
+                for word, spans in self.basic.tokens_with_spans(part, position):
                     for piece, start, end in self.wordpiece.tokenize_word(word):
                         out.append((piece, (spans[start][0], spans[end - 1][1])))
             position += len(part)

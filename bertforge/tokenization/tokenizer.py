@@ -7,6 +7,7 @@ Rust normaliser differs from Google's definitions send their text to the referen
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -27,8 +28,17 @@ TOKENIZER_CONFIG_NAME = "tokenizer_config.json"
 Truncation = Literal["longest_first", "only_first", "only_second"] | bool
 
 # Text holding a character on which the Rust normaliser and Google's definitions disagree (found by
-# scripts/sweep_tokenizer_backends.py over every code point) is tokenized by the reference path.
-_DIVERGENT = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in DIVERGENT_RANGES) + "]")
+# scripts/sweep_tokenizer_backends.py over every code point) is tokenized by the reference path. So is
+# text holding a lone surrogate (U+D800-U+DFFF, which a JSON escape or a bad decode can produce): it
+# cannot be encoded for the Rust library, and Google's tokenization.py, which passes a str through
+# `convert_to_unicode` unchanged, treats it as a character of no class, so its word becomes [UNK].
+_DIVERGENT = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(b))}" for a, b in DIVERGENT_RANGES)
+                        + "\ud800-\udfff]")
+# `re` tests a class's astral (beyond U+FFFF) ranges one by one for every character, so text without
+# astral characters (nearly all) is searched with the table's BMP part only: ten times faster.
+_DIVERGENT_BMP = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(min(b, 0xFFFF)))}"
+                                          for a, b in DIVERGENT_RANGES if a <= 0xFFFF) + "\ud800-\udfff]")
+_ASTRAL = re.compile("[\U00010000-\U0010FFFF]")
 # No ASCII character diverges, so ASCII text (nearly all English text) skips the regex search.
 _ASCII_FAST = all(a > 0x7F for a, _ in DIVERGENT_RANGES)
 
@@ -60,6 +70,10 @@ class BertTokenizer:
         self.reference = ReferenceTokenizer(self.vocab, do_lower_case, strip_accents, max_input_chars_per_word,
                                             SPECIAL_TOKENS)
         self.fast = self._build_fast() if backend == "fast" else None
+        # A run of more ASCII letters and digits than a word may have is [UNK] however long it is:
+        # the fast path hands the Rust library only its first max_input_chars_per_word + 1 characters.
+        keep = max_input_chars_per_word + 1
+        self._long_run = re.compile(f"(?<![A-Za-z0-9])[A-Za-z0-9]{{{keep + 1},}}") if keep > 8 else None
         self.pad_token_id, self.unk_token_id = self.vocab[PAD], self.vocab[UNK]
         self.cls_token_id, self.sep_token_id, self.mask_token_id = self.vocab[CLS], self.vocab[SEP], self.vocab[MASK]
 
@@ -126,21 +140,62 @@ class BertTokenizer:
             return True
         if _ASCII_FAST and isinstance(text, str) and text.isascii():
             return False
-        return _DIVERGENT.search(text) is not None
+        divergent = _DIVERGENT if _ASTRAL.search(text) else _DIVERGENT_BMP
+        return divergent.search(text) is not None
+
+    def _shorten(self, text: str) -> tuple[str, list[tuple[int, int]] | None]:
+        """`text` with every run of ASCII letters and digits longer than max_input_chars_per_word + 1
+        cut to that length, and the cuts as (end of the cut run in the short text, characters removed
+        up to there); None when nothing was cut.
+
+        Such a run lies inside one basic token (nothing in it splits, and lower-casing and accent
+        stripping keep ASCII letters one to one), which stays longer than max_input_chars_per_word
+        and so is [UNK] either way; only offsets after a cut move, and `_restore` moves them back.
+        The Rust normaliser costs about a microsecond per character: this keeps a megabyte without a
+        space from costing that much.
+        """
+        if self._long_run is None or len(text) <= self.max_input_chars_per_word + 2:
+            return text, None
+        keep = self.max_input_chars_per_word + 1
+        parts, cuts, last, removed = [], [], 0, 0
+        for match in self._long_run.finditer(text):
+            start, end = match.span()
+            parts.append(text[last:start + keep])
+            removed += end - start - keep
+            cuts.append((start + keep - (removed - (end - start - keep)), removed))
+            last = end
+        if not cuts:
+            return text, None
+        parts.append(text[last:])
+        return "".join(parts), cuts
+
+    @staticmethod
+    def _restore(offsets: list[tuple[int, int]], cuts: list[tuple[int, int]] | None) -> list[tuple[int, int]]:
+        """Offsets into the text `_shorten` gave, as offsets into the original text."""
+        if not cuts:
+            return offsets
+        ends = [end for end, _ in cuts]
+
+        def position(p: int) -> int:
+            i = bisect.bisect_right(ends, p)  # cut runs ending at or before p
+            return p + cuts[i - 1][1] if i else p
+
+        return [(position(s), position(e)) for s, e in offsets]
 
     def tokenize(self, text: str) -> list[str]:
         """WordPiece tokens of `text`, without [CLS]/[SEP]."""
         if self._use_reference(text):
             return self.reference.tokenize(text)
-        return self.fast.encode(text, add_special_tokens=False).tokens
+        return self.fast.encode(self._shorten(text)[0], add_special_tokens=False).tokens
 
     def tokenize_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Ids and [start, end) character spans into `text`, without [CLS]/[SEP]."""
         if self._use_reference(text):
             pairs = self.reference.tokenize_with_offsets(text)
             return [self.vocab[t] for t, _ in pairs], [s for _, s in pairs]
-        encoding = self.fast.encode(text, add_special_tokens=False)
-        return encoding.ids, encoding.offsets
+        short, cuts = self._shorten(text)
+        encoding = self.fast.encode(short, add_special_tokens=False)
+        return encoding.ids, self._restore(encoding.offsets, cuts)
 
     def _ids_batch(self, texts: Sequence[str], offsets: bool,
                    what: str = "texts") -> list[tuple[list[int], list | None]]:
@@ -154,11 +209,12 @@ class BertTokenizer:
         results: list = [None] * len(texts)
         fast_indices = [i for i, t in enumerate(texts) if not self._use_reference(t)]
         if fast_indices:
-            batch = [texts[i] for i in fast_indices]
+            shortened = [self._shorten(texts[i]) for i in fast_indices]
+            batch = [short for short, _ in shortened]
             if offsets:
                 encodings = self.fast.encode_batch(batch, add_special_tokens=False)
-                for i, e in zip(fast_indices, encodings):
-                    results[i] = (e.ids, e.offsets)
+                for i, e, (_, cuts) in zip(fast_indices, encodings, shortened):
+                    results[i] = (e.ids, self._restore(e.offsets, cuts))
             else:  # no offset bookkeeping: measurably faster
                 encodings = self.fast.encode_batch_fast(batch, add_special_tokens=False)
                 for i, e in zip(fast_indices, encodings):

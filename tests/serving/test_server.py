@@ -4,6 +4,7 @@ start-up failure against a real uvicorn on loopback."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -83,12 +84,89 @@ def test_every_pipeline_answers(client, pipelines):
     (b'{"texts": ["a"], "text_pairs": ["b", "c"]}', 422, "differ in length"),
     (b'{"texts": ["a", "b", "c", "d", "e"]}', 413, "limit of 4"),
     (json.dumps({"texts": ["x" * 201]}).encode(), 413, "201 characters"),
+    (json.dumps({"texts": ["fine", "x" * 201]}).encode(), 413, "texts[1] has 201 characters, over the limit of 200"),
+    (b'{"texts": ["fine", "a \\ud800b"]}', 400, "texts[1] holds a lone surrogate (U+D800) at character 2"),
+    (b'{"texts": ["a"], "te\\udfffxts": ["b"]}', 400, "a field name in the body holds a lone surrogate"),
+    (b'{"texts": ' + b"[" * 2000 + b"]" * 2000 + b"}", 400, "nests deeper than 16 levels"),
+    (b'{"texts": ' + b"[" * 20 + b"]" * 20 + b"}", 400, "nests deeper than 16 levels"),
     (json.dumps({"texts": ["x " * 3000]}).encode(), 413, "exceeds the limit of 4096 bytes"),
 ])
 def test_bad_requests(client, body, status, reason):
     r = client.post("/v1/classify", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert reason in r.json()["error"]
+
+
+def test_unusable_json_is_400_not_500(pipelines):
+    """JSON that parses into something no pipeline can take: answered 400 with the reason, and the
+    server goes on serving."""
+    app = create_app(pipelines, ServerSettings(model="tiny"))
+    deep = {"texts": ["a"], "layers": [-1]}
+    for _ in range(30):
+        deep = {"x": [deep]}
+    bodies = [
+        (b'{"texts": ["a"], "top_k": ' + b"1" * 5000 + b"}", "not valid JSON"),  # Python caps int digits
+        (b"[" * 100_000 + b"]" * 100_000, "nests deeper than 16 levels"),  # RecursionError in the parser
+        (json.dumps(deep).encode(), "nests deeper than 16 levels"),
+        (b'{"texts": ["ok"], "pooling": "\\udc00"}', "pooling holds a lone surrogate (U+DC00) at character 0"),
+        (b'{"texts": ["ok"], "layers": [{"a": "\\ud83d"}]}', "layers[0].a holds a lone surrogate"),
+    ]
+    with TestClient(app) as http:
+        for body, reason in bodies:
+            for route in ("/v1/fill-mask", "/v1/embed"):
+                r = http.post(route, content=body, headers={"content-type": "application/json"})
+                assert r.status_code == 400 and reason in r.json()["error"], (route, body[:60], r.text[:200])
+        # A surrogate pair escaped in JSON is one real character: fine.
+        r = http.post("/v1/embed", content=b'{"texts": ["smile \\ud83d\\ude00"]}',
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 200
+        assert 'code="500"' not in http.get("/metrics").text
+
+
+def _raw_request(port: int, head: bytes, body_parts: list[bytes], pause: float) -> tuple[bytes, float]:
+    """Send `head`, then the body parts `pause` seconds apart (never the whole declared body), and read
+    until the server closes the connection: (everything received, seconds from the head to the close)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        conn.sendall(head)
+        start = time.monotonic()
+        received = b""
+        conn.settimeout(pause or 30)
+        parts = list(body_parts)
+        while True:
+            if parts:
+                try:
+                    conn.sendall(parts.pop(0))
+                except OSError:  # the server has closed it
+                    parts = []
+            try:
+                chunk = conn.recv(65536)
+            except socket.timeout:
+                if time.monotonic() - start > 30:
+                    raise AssertionError("the server kept the connection open for 30 s") from None
+                continue
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            received += chunk
+        return received, time.monotonic() - start
+
+
+def test_a_body_that_never_finishes_is_cut_off(pipelines):
+    """A client that declares a body and never sends all of it (or trickles it in) gets 408 and a
+    closed connection once body_timeout_s has passed since the request began, not never."""
+    app = create_app(pipelines, ServerSettings(body_timeout_s=1.0))
+    head = (b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n")
+    with LiveServer(app) as server:
+        stalled, stalled_s = _raw_request(server.port, head, [b'{"texts": ["a good'], 0)
+        trickled, trickled_s = _raw_request(server.port, head, [b" "] * 40, 0.2)  # a byte every 0.2 s
+        with httpx.Client(base_url=server.url, timeout=30) as http:  # and it still serves
+            assert http.post("/v1/classify", json={"texts": ["a good film"]}).status_code == 200
+    for received, seconds in ((stalled, stalled_s), (trickled, trickled_s)):
+        assert received.startswith(b"HTTP/1.1 408 "), received[:200]
+        assert b"did not arrive within 1 s" in received and b"connection: close" in received.lower()
+        assert 0.9 <= seconds < 10, seconds
 
 
 def test_other_errors(client):
