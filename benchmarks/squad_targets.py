@@ -169,7 +169,8 @@ def compare_postprocessing(examples, rows, features, peer_features, scores, wind
     mine = postprocess(examples, features, ours, version_2_with_negative=v2)
     theirs, _, _ = postprocess_qa_predictions(rows, peer_features, (starts, ends), version_2_with_negative=v2)
     answerable = [e for e in examples if not e.is_impossible]
-    counts = {"questions": len(examples), "answers_differ": 0, "bertforge_exact": 0, "peer_exact": 0,
+    counts = {"questions": len(examples), "answers_differ": 0, "bertforge_longer": 0, "peer_longer": 0,
+              "bertforge_exact": 0, "peer_exact": 0,
               "bertforge_words": 0.0, "peer_words": 0.0, "gold_words": 0.0}
     for example in answerable:
         gold = normalize_answer(example.answers[0][0])
@@ -178,6 +179,8 @@ def compare_postprocessing(examples, rows, features, peer_features, scores, wind
         counts["peer_exact"] += normalize_answer(b) == gold
         if a != b:
             counts["answers_differ"] += 1
+            counts["bertforge_longer"] += len(a) > len(b)
+            counts["peer_longer"] += len(b) > len(a)
             if shown > 0:
                 shown -= 1
                 log(f"  answers differ, {example.qas_id}: gold {example.answers[0][0]!r}; bertforge {a!r}; peer {b!r}")
@@ -186,6 +189,23 @@ def compare_postprocessing(examples, rows, features, peer_features, scores, wind
                        ("gold_words", [e.answers[0][0] for e in answerable])):
         counts[key] = round(float(np.mean([len(t.split()) for t in texts])), 3) if texts else None
     return counts
+
+
+def compare_file(examples, tokenizer, peer_tokenizer, settings: SquadSettings, window_noise: float = 0.5,
+                 seed: int = 1, show: int = 0) -> dict:
+    """Both checks (see the module docstring) on one file's questions; v2.0 when any is unanswerable."""
+    v2 = any(e.is_impossible for e in examples)
+    rows = peer_rows(examples)
+    train = convert_examples_to_features(examples, tokenizer, settings, is_training=True)
+    theirs, peer_windows = peer_targets(rows, peer_tokenizer, settings)
+    targets = {"bertforge_windows": len(train.features), "peer_windows": peer_windows,
+               "bertforge_skipped": len(train.skipped),
+               **compare_targets(examples, bertforge_targets(examples, train), theirs, show)}
+    features = convert_examples_to_features(examples, tokenizer, settings)
+    peer_features = prepare_validation_features(rows, peer_tokenizer, settings.max_seq_length, settings.doc_stride)
+    scores = synthetic_scores(examples, features, seed)
+    post = compare_postprocessing(examples, rows, features, peer_features, scores, window_noise, seed, v2, show)
+    return {"version": "2.0" if v2 else "1.1", "targets": targets, "postprocessing": post}
 
 
 def main() -> int:
@@ -210,22 +230,9 @@ def main() -> int:
     result = {"settings": vars(settings), "files": {}}
     for path in args.input:
         data = read_squad_file(path)
-        examples = data.examples
-        v2 = any(e.is_impossible for e in examples)
-        rows = peer_rows(examples)
-        log(f"{path}: {len(examples)} questions")
-        train = convert_examples_to_features(examples, tokenizer, settings, is_training=True)
-        theirs, peer_windows = peer_targets(rows, peer_tokenizer, settings)
-        targets = {"bertforge_windows": len(train.features), "peer_windows": peer_windows,
-                   "bertforge_skipped": len(train.skipped),
-                   **compare_targets(examples, bertforge_targets(examples, train), theirs, args.show)}
-        features = convert_examples_to_features(examples, tokenizer, settings)
-        peer_features = prepare_validation_features(rows, peer_tokenizer, settings.max_seq_length, settings.doc_stride)
-        scores = synthetic_scores(examples, features, args.seed)
-        post = compare_postprocessing(examples, rows, features, peer_features, scores, args.window_noise,
-                                      args.seed, v2, args.show)
-        result["files"][Path(path).name] = {"version": "2.0" if v2 else "1.1", "targets": targets,
-                                            "postprocessing": post}
+        log(f"{path}: {len(data.examples)} questions")
+        result["files"][Path(path).name] = compare_file(data.examples, tokenizer, peer_tokenizer, settings,
+                                                        args.window_noise, args.seed, args.show)
     print(json.dumps(result))
     return 0
 

@@ -389,6 +389,26 @@ def test_answers_keep_exact_boundaries(uncased_vocab, context, gold, rival):
     assert postprocess([example], features, [(start, end)]).predictions["b"] == rival
 
 
+@pytest.mark.parametrize("name", ["squad/v1.1/train-v1.1.first11.json", "squad/v2.0/train-v2.0.first10.json"])
+def test_targets_and_answers_match_run_qa(shared_data, minilm_dir, name):
+    """Side by side with the peer (run_qa's preprocessing and post-processing, `benchmarks/squad_targets.py`)
+    on real questions: the same training targets in characters, and, given the same score for each
+    passage token in every window, the same answers (issue #28: no lean toward longer spans here)."""
+    transformers = pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("squad_targets", REPO / "benchmarks" / "squad_targets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    examples = read_squad_file(shared_data / name).examples[:120]
+    counts = module.compare_file(examples, BertTokenizer.from_pretrained(minilm_dir),
+                                 transformers.AutoTokenizer.from_pretrained(str(minilm_dir)), SquadSettings(),
+                                 window_noise=0.0)
+    targets, answers = counts["targets"], counts["postprocessing"]
+    assert targets["questions_whose_targets_differ"] == 0 and targets["answerable"] > 60
+    assert targets["bertforge_target_not_gold"] == targets["peer_target_not_gold"]
+    assert targets["bertforge_questions_without_target"] == targets["peer_questions_without_target"] == 0
+    assert answers["answers_differ"] == 0 and answers["bertforge_words"] == answers["peer_words"]
+
+
 def test_settings_are_checked(tokenizer):
     with pytest.raises(ValueError, match="max_query_length"):
         convert_examples_to_features([], tokenizer, SquadSettings(max_seq_length=60, max_query_length=64))
