@@ -18,9 +18,13 @@ files), at run_squad's defaults (384 tokens, doc stride 128, questions cut at 64
    `postprocess` and the peer's `postprocess_qa_predictions` then choose an answer each: how often
    they differ, and the mean answer length in words on each side and of the gold answers.
 
+With `--finetuned DIR` (a model from `bertforge finetune squad`), check 2 runs on that model's logits
+instead: each side's windows through the same model, then each side's post-processing.
+
 Exactly one JSON line of counts goes to stdout; examples of each kind of difference go to stderr.
 
-    python benchmarks/squad_targets.py --model MINILM [--input FILE ...] [--seed 1]
+    python benchmarks/squad_targets.py --model MINILM [--input FILE ...] [--seed 1] [--window-noise 0.5]
+    python benchmarks/squad_targets.py --model MINILM --finetuned runs/squad --input DEV.json
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -41,7 +46,7 @@ from squad_peer import postprocess_qa_predictions, prepare_train_features, prepa
 
 from bertforge.metrics.squad import normalize_answer  # noqa: E402
 from bertforge.tasks.squad import (SquadSettings, convert_examples_to_features, postprocess,  # noqa: E402
-                                   read_squad_file)
+                                   predict_logits, read_squad_file)
 from bertforge.tokenization import BertTokenizer  # noqa: E402
 
 SQUAD = REPO.parent / "shared" / "data" / "squad"
@@ -142,8 +147,9 @@ def synthetic_scores(examples, features, seed: int) -> list[tuple[np.ndarray, np
     return scores
 
 
-def compare_postprocessing(examples, rows, features, peer_features, scores, window_noise: float, seed: int,
-                           v2: bool, shown: int) -> dict:
+def synthetic_logits(rows, features, peer_features, scores, window_noise: float, seed: int):
+    """Both sides' window logits from the shared per-token `scores` (bertforge's as `postprocess` takes
+    them, the peer's as `postprocess_qa_predictions` does)."""
     rng = np.random.default_rng(seed + 1)
     token_of = [{offset: t for t, offset in enumerate(offsets)} for offsets in features.offsets]
     ours = []
@@ -166,8 +172,21 @@ def compare_postprocessing(examples, rows, features, peer_features, scores, wind
                 start[k], end[k] = scores[i][0][t], scores[i][1][t]
         starts.append(start + window_noise * rng.normal(size=n))
         ends.append(end + window_noise * rng.normal(size=n))
+    return ours, (starts, ends)
+
+
+def model_logits(model, features, peer_features, pad_token_id: int):
+    """Both sides' window logits from one fine-tuned model: each side's rows through the same model."""
+    ours = predict_logits(model, features.features, 64, pad_token_id)
+    theirs = predict_logits(model, [{k: f[k] for k in ("input_ids", "token_type_ids")} for f in peer_features],
+                            64, pad_token_id)
+    return ours, ([s for s, _ in theirs], [e for _, e in theirs])
+
+
+def compare_postprocessing(examples, rows, features, peer_features, ours, theirs_logits, v2: bool, shown: int) -> dict:
+    """The answers of bertforge's `postprocess` and of the peer's `postprocess_qa_predictions`."""
     mine = postprocess(examples, features, ours, version_2_with_negative=v2)
-    theirs, _, _ = postprocess_qa_predictions(rows, peer_features, (starts, ends), version_2_with_negative=v2)
+    theirs, _, _ = postprocess_qa_predictions(rows, peer_features, theirs_logits, version_2_with_negative=v2)
     answerable = [e for e in examples if not e.is_impossible]
     counts = {"questions": len(examples), "answers_differ": 0, "bertforge_longer": 0, "peer_longer": 0,
               "bertforge_exact": 0, "peer_exact": 0,
@@ -192,8 +211,10 @@ def compare_postprocessing(examples, rows, features, peer_features, scores, wind
 
 
 def compare_file(examples, tokenizer, peer_tokenizer, settings: SquadSettings, window_noise: float = 0.5,
-                 seed: int = 1, show: int = 0) -> dict:
-    """Both checks (see the module docstring) on one file's questions; v2.0 when any is unanswerable."""
+                 seed: int = 1, show: int = 0, model=None) -> dict:
+    """Both checks (see the module docstring) on one file's questions; v2.0 when any is unanswerable.
+    With `model` (a `BertForQuestionAnswering`), post-processing compares on its logits instead of
+    synthetic ones."""
     v2 = any(e.is_impossible for e in examples)
     rows = peer_rows(examples)
     train = convert_examples_to_features(examples, tokenizer, settings, is_training=True)
@@ -203,8 +224,12 @@ def compare_file(examples, tokenizer, peer_tokenizer, settings: SquadSettings, w
                **compare_targets(examples, bertforge_targets(examples, train), theirs, show)}
     features = convert_examples_to_features(examples, tokenizer, settings)
     peer_features = prepare_validation_features(rows, peer_tokenizer, settings.max_seq_length, settings.doc_stride)
-    scores = synthetic_scores(examples, features, seed)
-    post = compare_postprocessing(examples, rows, features, peer_features, scores, window_noise, seed, v2, show)
+    if model is None:
+        scores = synthetic_scores(examples, features, seed)
+        ours, theirs_logits = synthetic_logits(rows, features, peer_features, scores, window_noise, seed)
+    else:
+        ours, theirs_logits = model_logits(model, features, peer_features, tokenizer.pad_token_id)
+    post = compare_postprocessing(examples, rows, features, peer_features, ours, theirs_logits, v2, show)
     return {"version": "2.0" if v2 else "1.1", "targets": targets, "postprocessing": post}
 
 
@@ -218,6 +243,9 @@ def main() -> int:
     parser.add_argument("--window-noise", type=float, default=0.5,
                         help="standard deviation of the per-window noise added to the shared scores")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--finetuned", help="a model from `bertforge finetune squad`: compare post-processing on "
+                                            "its logits (GPU if there is one) instead of synthetic ones")
+    parser.add_argument("--max-questions", type=int, help="the first N questions of each file")
     parser.add_argument("--show", type=int, default=8, help="examples of each kind of difference logged")
     args = parser.parse_args()
     quiet_libraries()
@@ -227,12 +255,19 @@ def main() -> int:
                              max_query_length=args.max_query_length)
     tokenizer = BertTokenizer.from_pretrained(args.model)
     peer_tokenizer = AutoTokenizer.from_pretrained(args.model)
-    result = {"settings": vars(settings), "files": {}}
+    model = None
+    if args.finetuned:
+        from bertforge.modeling import BertForQuestionAnswering
+
+        model = BertForQuestionAnswering.from_pretrained(args.finetuned)
+        model.to("cuda" if torch.cuda.is_available() else "cpu")
+    result = {"settings": vars(settings), "logits": f"model {args.finetuned}" if model is not None else
+              f"synthetic, window noise {args.window_noise}, seed {args.seed}", "files": {}}
     for path in args.input:
-        data = read_squad_file(path)
-        log(f"{path}: {len(data.examples)} questions")
-        result["files"][Path(path).name] = compare_file(data.examples, tokenizer, peer_tokenizer, settings,
-                                                        args.window_noise, args.seed, args.show)
+        examples = read_squad_file(path).examples[:args.max_questions]
+        log(f"{path}: {len(examples)} questions")
+        result["files"][Path(path).name] = compare_file(examples, tokenizer, peer_tokenizer, settings,
+                                                        args.window_noise, args.seed, args.show, model)
     print(json.dumps(result))
     return 0
 
