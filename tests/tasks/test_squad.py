@@ -307,6 +307,108 @@ def test_answer_inside_a_word_covers_the_whole_word(uncased_vocab):
     assert tokenizer.convert_ids_to_tokens(row["input_ids"][row["start_position"]:row["end_position"] + 1]) == ["japanese"]
 
 
+def _target_spans(features, index: int) -> list[tuple[int, int]]:
+    """The [first, last] passage-token indices of each answer-holding window's training target."""
+    spans = []
+    for row in features.features:
+        if row["example_index"] == index and row["start_position"] != 0:
+            window_start = features.spans[index][row["window_index"]][0]
+            spans.append((window_start + row["start_position"] - row["context_offset"],
+                          window_start + row["end_position"] - row["context_offset"]))
+    return spans
+
+
+def test_training_targets_are_exactly_the_tokens_of_the_gold_answer(shared_data, uncased_vocab):
+    """Every question of the shared v1.1 train file: each window holding the answer is trained on the
+    first token that contains the answer's first character and the last token that contains its last,
+    never a token more (a longer target would teach longer answers, issue #28). The answer text is the
+    target's text whenever the answer starts and ends at token boundaries."""
+    tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
+    data = read_squad_file(shared_data / "squad/v1.1/train-v1.1.first11.json")
+    features = convert_examples_to_features(data.examples, tokenizer, is_training=True)
+    assert not features.skipped
+    inside_words = 0
+    for index, example in enumerate(data.examples):
+        text, start_char = example.answers[0]
+        end_char = start_char + len(text)
+        offsets = features.offsets[index]
+        spans = _target_spans(features, index)
+        assert spans, example.qas_id
+        for first, last in spans:
+            assert offsets[first][0] <= start_char < offsets[first][1], example.qas_id
+            assert offsets[last][0] < end_char <= offsets[last][1], example.qas_id
+            target = example.context[offsets[first][0]:offsets[last][1]]
+            on_boundaries = offsets[first][0] == start_char and offsets[last][1] == end_char
+            assert (target == text) == on_boundaries, example.qas_id
+        inside_words += not on_boundaries
+    assert inside_words < len(data.examples) / 100  # e.g. "Japan" of "Japanese": a token holds more
+    # "some 30 public performances": the target is "30", not "30 public".
+    index = next(i for i, e in enumerate(data.examples) if e.qas_id == "56cbd2f96d243a140015ed71")
+    ((first, last),) = _target_spans(features, index)
+    assert data.examples[index].context[features.offsets[index][first][0]:features.offsets[index][last][1]] == "30"
+
+
+BOUNDARY_CASES = [  # (context, gold answer, a neighbouring rival span): issue #28's boundary errors
+    ("The fund had paid out over €90,000 by the end of 2009.", "€90,000", "over €90,000"),
+    ("Laws on the matter differ between 30 US states and the federal government.", "30", "30 US states"),
+    ("The strongest aftershock, a magnitude 6.7 event, came on 25 May.", "6.7", "a magnitude 6.7"),
+    ("Children may be taught through homeschooling, or in the wider community.", "homeschooling",
+     "homeschooling, or in the wider community"),
+]
+
+
+@pytest.mark.parametrize("context, gold, rival", BOUNDARY_CASES)
+def test_answers_keep_exact_boundaries(uncased_vocab, context, gold, rival):
+    """The training target of such an answer is its own tokens, and logits peaked on those tokens give
+    back exactly its characters, though the rival span's extra tokens score almost as high: the text is
+    the passage between the chosen tokens' offsets (no widening to whitespace-separated words, as
+    Google's `get_final_text` starts from) and a span scores start + end logit only."""
+    tokenizer = BertTokenizer(uncased_vocab, do_lower_case=True)
+    example = SquadExample("b", "what ?", context, [(gold, context.index(gold))])
+    (row,) = convert_examples_to_features([example], tokenizer, is_training=True).features
+    offsets = convert_examples_to_features([example], tokenizer).offsets[0]
+    first, last = row["start_position"] - row["context_offset"], row["end_position"] - row["context_offset"]
+    assert context[offsets[first][0]:offsets[last][1]] == gold
+    rival_start = context.index(rival)
+    rival_first = next(t for t, (s, e) in enumerate(offsets) if e > rival_start)
+    rival_last = max(t for t, (s, e) in enumerate(offsets) if s < rival_start + len(rival))
+    assert context[offsets[rival_first][0]:offsets[rival_last][1]] == rival
+    features = convert_examples_to_features([example], tokenizer)
+    n, offset = len(row["input_ids"]), row["context_offset"]
+    start, end = np.zeros(n, np.float32), np.zeros(n, np.float32)
+    start[offset + first], end[offset + last] = 8.0, 8.0
+    start[offset + rival_first] += 7.9
+    end[offset + rival_last] += 7.9
+    result = postprocess([example], features, [(start, end)])
+    assert result.predictions["b"] == gold
+    best = result.nbest["b"][0]
+    assert (best["text"], best["start"], best["end"]) == (gold, context.index(gold), context.index(gold) + len(gold))
+    # With the rival a hair higher, the rival span wins: the scores alone decide the boundaries.
+    start[offset + rival_first] = max(start[offset + rival_first], 8.1)
+    end[offset + rival_last] = max(end[offset + rival_last], 8.1)
+    assert postprocess([example], features, [(start, end)]).predictions["b"] == rival
+
+
+@pytest.mark.parametrize("name", ["squad/v1.1/train-v1.1.first11.json", "squad/v2.0/train-v2.0.first10.json"])
+def test_targets_and_answers_match_run_qa(shared_data, minilm_dir, name):
+    """Side by side with the peer (run_qa's preprocessing and post-processing, `benchmarks/squad_targets.py`)
+    on real questions: the same training targets in characters, and, given the same score for each
+    passage token in every window, the same answers (issue #28: no lean toward longer spans here)."""
+    transformers = pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("squad_targets", REPO / "benchmarks" / "squad_targets.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    examples = read_squad_file(shared_data / name).examples[:120]
+    counts = module.compare_file(examples, BertTokenizer.from_pretrained(minilm_dir),
+                                 transformers.AutoTokenizer.from_pretrained(str(minilm_dir)), SquadSettings(),
+                                 window_noise=0.0)
+    targets, answers = counts["targets"], counts["postprocessing"]
+    assert targets["questions_whose_targets_differ"] == 0 and targets["answerable"] > 60
+    assert targets["bertforge_target_not_gold"] == targets["peer_target_not_gold"]
+    assert targets["bertforge_questions_without_target"] == targets["peer_questions_without_target"] == 0
+    assert answers["answers_differ"] == 0 and answers["bertforge_words"] == answers["peer_words"]
+
+
 def test_settings_are_checked(tokenizer):
     with pytest.raises(ValueError, match="max_query_length"):
         convert_examples_to_features([], tokenizer, SquadSettings(max_seq_length=60, max_query_length=64))
