@@ -235,6 +235,10 @@ def stage_finetune(args, out: Path, arm: str, model: Path, labelled: Path) -> di
     if (target / "summary.json").is_file():
         log(f"[finetune {arm}] finished earlier")
     else:
+        for run in target.glob("lr*-seed*"):  # interrupted runs (no checkpoints: they restart) start clean
+            results = run / "eval_results.json"
+            if not results.is_file() or json.loads(results.read_text()).get("budget_spent") is None:
+                shutil.rmtree(run)
         if args.task == "sst2":
             task = ["glue", "--task", "sst2", "--data-dir", labelled, "--no-test-predictions"]
         else:
@@ -424,8 +428,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="pre-training batch")
     parser.add_argument("--max-seq-length", type=int, default=128, help="pre-training instances")
     parser.add_argument("--max-predictions", type=int, default=20, help="pre-training masked tokens per instance")
-    parser.add_argument("--eval-every", type=int, default=250, help="pre-training steps between held-out evaluations")
-    parser.add_argument("--save-every", type=int, default=500, help="pre-training checkpoints (resume)")
+    parser.add_argument("--eval-every", type=int, default=100, help="pre-training steps between held-out evaluations")
+    parser.add_argument("--save-every", type=int, default=200, help="pre-training checkpoints (resume)")
     parser.add_argument("--pretrain-seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="prepare-pretraining processes")
     args = parser.parse_args()
