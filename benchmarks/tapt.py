@@ -104,7 +104,8 @@ def write_dir_atomically(target: Path, files: dict[str, str]) -> None:
 def split_held_out(documents: list[list[str]], seed: int = SPLIT_SEED) -> tuple[list[list[str]], list[list[str]]]:
     """A seeded HELDOUT_SHARE of the documents (at least one) held out; the rest in their order."""
     chosen = set(random.Random(seed).sample(range(len(documents)), max(1, round(HELDOUT_SHARE * len(documents)))))
-    return ([d for i, d in enumerate(documents) if i not in chosen], [d for i, d in enumerate(documents) if i in chosen])
+    kept = [d for i, d in enumerate(documents) if i not in chosen]
+    return kept, [d for i, d in enumerate(documents) if i in chosen]
 
 
 def bert_format(documents: list[list[str]]) -> str:
