@@ -15,7 +15,8 @@ is simply run again after an interruption.
                  real document; grouping lets an instance be packed to --max-seq-length tokens (several
                  sentences) instead of one ~10-token sentence, so each step carries several times more
                  masked tokens. With no NSP loss the unrelated neighbours only act as context, as in
-                 RoBERTa's FULL-SENTENCES packing. CoNLL-2003: train.txt's tokens joined by spaces, one
+                 RoBERTa's FULL-SENTENCES packing. SST-2's rows are phrases of the same reviews' sentences,
+                 so held-out rows share text with training rows: its held-out loss is optimistic. CoNLL-2003: train.txt's tokens joined by spaces, one
                  sentence per line, a document per -DOCSTART-.
   2. data/       prepare-pretraining with MiniLM's vocab.txt: dynamic masking for training (new masks each
                  epoch: the corpus is small and is seen many times), static masks for the held-out part
