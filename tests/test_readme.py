@@ -14,8 +14,9 @@ change, both in the tables below, keyed by the README's literal text:
 `bertforge ...` runs in this process through `bertforge.cli.main` (what the `bertforge` console script
 calls); `torchrun` runs as `python -m torch.distributed.run` (two processes, Gloo on CPU) on a free port.
 A block that cannot run here is marked in the README by a comment line just before it,
-`<!-- readme-test: skip REASON -->`, and skipped with that reason; a single command that cannot (a Hub
-download) is named in SKIP_COMMANDS and reported as a skipped test of its own.
+`<!-- readme-test: skip REASON -->`, and skipped with that reason; a single command that cannot is named in
+SKIP_COMMANDS and reported as a skipped test of its own. A Hub id the README names (HUB_IDS) resolves offline
+from a Hub cache in the hub's own layout that holds DIR's files: nothing touches a network.
 
 A new README command needs at most a new row in a table: a size to shrink, an input to make, a reason to
 skip it.
@@ -58,13 +59,13 @@ SUBSTITUTIONS: dict[str, str] = {
     "--lr-grid 5e-5,4e-5,3e-5,2e-5": "--lr-grid 5e-5,2e-5",
     "--seeds 5": "--seeds 1",
     "DIR": "{model}",
-    "DIR/vocab.txt": "{model}/vocab.txt",
 }
 
 # A command holding one of these arguments is not run, and is reported as skipped with the reason.
-SKIP_COMMANDS: dict[str, str] = {
-    "google-bert/bert-base-uncased": "a Hub id: the model is downloaded from the Hugging Face Hub",
-}
+SKIP_COMMANDS: dict[str, str] = {}
+
+# Hub ids the README names: served offline from a Hub cache in the hub's own layout holding DIR's files.
+HUB_IDS = ("google-bert/bert-base-uncased",)
 
 
 def _lines(path: Path, count: int, header: bool = True) -> Make:
@@ -127,7 +128,7 @@ INPUTS: dict[str, Make] = {
     "corpus/a.txt": _lines(Path("pretraining") / "sample_text.txt", 200, header=False),
     "corpus/b.txt": _lines(BOOKS / "Carroll_Alice_1865.txt", 300, header=False),
     "heldout.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
-    "domain/a.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 40, header=False),
+    "domain/a.txt": _lines(BOOKS / "Doyle_Hound_1902.txt", 400, header=False),
     "glue/MRPC/train.tsv": _lines(Path("glue") / "MRPC" / "train.tsv", 8),
     "glue/MRPC/dev.tsv": _lines(Path("glue") / "MRPC" / "dev.tsv", 8),
     "glue/MRPC/test.tsv": _lines(Path("glue") / "MRPC" / "test.tsv", 4),
@@ -258,10 +259,16 @@ def model_dir(tmp_path_factory, uncased_vocab) -> Path:
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b["name"] for b in BLOCKS])
-def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, capsys):
+def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, capsys, tmp_path, add_to_hub_cache):
     if block["skip"]:
         pytest.skip(block["skip"])
     monkeypatch.chdir(workspace)
+    cache = tmp_path / "hub"
+    for repo_id in HUB_IDS:
+        files = {p.name: p.read_bytes() for p in model_dir.iterdir() if p.is_file()}
+        add_to_hub_cache(cache, repo_id, "0" * 40, files)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
