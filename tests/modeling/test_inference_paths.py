@@ -352,7 +352,7 @@ def test_bad_arguments_say_what_is_wrong():
         optimize_for_inference(model, compile=1)
     with pytest.raises(ValueError, match="row_bucket must be"):
         optimize_for_inference(model, row_bucket=2.5)
-    assert optimize_for_inference(model).unpad_row_bucket == 0  # fp32: exact packing by default
+    assert optimize_for_inference(model).unpad_row_bucket == 16  # CPU: bucketed by default, every dtype
     assert optimize_for_inference(model, row_bucket=32).unpad_row_bucket == 32
     # oneDNN runs int8 (and bf16) matmuls on CPU: buckets by default there.
     assert optimize_for_inference(BertModel(BertConfig.preset("tiny")), dtype="int8").unpad_row_bucket == 16
