@@ -622,8 +622,9 @@ class BertModel(PreTrainedBert):
         vector where position 0 is real, equal the padded path's to float rounding (≤ 1e-5 in
         fp32); padding positions hold zeros. With output_attentions, or without an attention mask
         or padding, the padded path runs (there is nothing to remove, or the (B, A, S, S)
-        probabilities are asked for), except that with row buckets (`unpad_row_bucket` > 0) a batch
-        without padding is packed too, so that its shapes are bucketed like every other batch's.
+        probabilities are asked for), except that in inference (no autograd) with row buckets
+        (`unpad_row_bucket` > 0) a batch without padding is packed too, so that its shapes are
+        bucketed like every other batch's.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
@@ -632,15 +633,16 @@ class BertModel(PreTrainedBert):
         if not isinstance(unpad, bool):
             raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
         fast = self._inference_fast_path(input_ids)
-        if unpad and not output_attentions and (attention_mask is not None or self.unpad_row_bucket):
+        # In inference with row buckets a batch without padding is packed too, so that its B·S rows
+        # land on a bucket as well (the padded path would show the kernels a new (B, S) nearly every call).
+        pack_always = bool(self.unpad_row_bucket) and not torch.is_grad_enabled()
+        if unpad and not output_attentions and (attention_mask is not None or pack_always):
             if attention_mask is None:
                 attention_mask = torch.ones_like(input_ids)
             if attention_mask.shape != input_ids.shape:
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
                                  f"{tuple(input_ids.shape)}")
-            # With row buckets a batch without padding is packed too, so that its B·S rows land on a
-            # bucket as well (the padded path would show the kernels a new (B, S) nearly every call).
-            if self.unpad_row_bucket or not bool(attention_mask.bool().all()):
+            if pack_always or not bool(attention_mask.bool().all()):
                 return self._forward_unpadded(input_ids, token_type_ids, attention_mask, output_hidden_states,
                                               Workspace() if fast else None)
         # Keys are cut only where no (B, A, S, S) probabilities are asked for (and, being on CPU,
