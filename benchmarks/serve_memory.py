@@ -11,7 +11,7 @@ sizes, as real traffic does, so every forward pass can meet a shape it has not s
 resident memory is sampled every 5 s. Prints one JSON line: the peak RSS of the minute after the
 warm-up (`--warmup-minutes`, the first minute by default) and of the last minute of the load (the
 requests then in flight are answered afterwards, for at most `--drain-seconds`; a shorter window
-where the load after the warm-up is under 2 minutes), the growth between them in %, p50
+where the load after the warm-up is under 2 minutes: half of it each), the growth between them in %, p50
 and p99 latency, the count of 5xx answers (and of any other failure), and `ok`: growth <= `--max-growth`
 % and no 5xx. Only loopback is used; every loop is bounded in time.
 """
@@ -122,7 +122,8 @@ def main() -> None:
     # A forward pass of 32 long texts holds a few hundred MB of activations while it runs, so one
     # sample says more about the batch in flight than about what the server keeps: compare the peaks
     # of windows instead (a leak raises the later peaks; the batches' own peaks are alike).
-    warmup_s, window_s = args.warmup_minutes * 60, min(60.0, duration - args.warmup_minutes * 60)
+    warmup_s = args.warmup_minutes * 60
+    window_s = min(60.0, (duration - warmup_s) / 2)  # two windows that do not overlap
     first = [rss for at, rss in samples if warmup_s <= at < warmup_s + window_s]
     last = [rss for at, rss in samples if at >= duration - window_s]
     rss_warm = max(first) if first else None
