@@ -425,9 +425,10 @@ class MultiHeadSelfAttention(nn.Module):
 
         The examples of one bucket are copied into a zero-padded (N, L_bucket, 3H) batch and run
         through one scaled_dot_product_attention call whose mask hides the padding keys (they get
-        weight exactly 0); the padding queries' outputs are dropped. Why: in bf16/fp16 the CPU
-        attention kernel's blocks are oneDNN micro-kernels built per sequence length, and a server
-        sees every length up to max_length; with buckets it sees a few. Inference only (no dropout).
+        weight exactly 0); the padding queries' outputs are dropped. Why: in bf16 on CPU the fused
+        attention kernel keeps state per sequence length (its blocks run on oneDNN micro-kernels):
+        a server that meets every length up to max_length kept growing its memory without buckets,
+        and stopped with them. Inference only (no dropout).
         """
         hidden = context.shape[-1]
         heads, head_dim = self.num_heads, hidden // self.num_heads
@@ -540,7 +541,7 @@ class Pooler(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """(B, S, H) -> (B, H). The [CLS] rows are copied out first: as a view their row stride is S·H,
-        and oneDNN (bf16, int8 on CPU) builds a new matmul kernel for every stride, so every S."""
+        and oneDNN (bf16 on CPU) builds a new matmul kernel for every stride, so for every S."""
         return torch.tanh(self.dense(hidden_states[:, 0].contiguous()))
 
 
