@@ -156,6 +156,20 @@ def may_overwrite_output(*modules: nn.Module) -> bool:
     return not any(module._forward_hooks for module in modules)
 
 
+def bucket_size(n: int, step: int) -> int:
+    """`n` rounded up to a multiple of max(step, 2^⌊log2 n⌋ / 8): at most `step - 1` more for small n,
+    at most 1/8 more for large n, and about 8 sizes per doubling of n. `step` 0 (or n 0): n itself.
+
+    Why: oneDNN, which runs matmuls, GELU and attention blocks on CPU, builds and keeps a kernel per
+    tensor shape, and the allocator keeps blocks of every size it has served, so a workload whose every
+    batch brings a new shape (a server, a pass over a file) grows its memory batch after batch. With
+    shapes from a few sizes it stops growing once it has seen them.
+    """
+    if not step or n <= 0:
+        return n
+    return n + -n % max(step, (1 << (n.bit_length() - 1)) // 8)
+
+
 @dataclass
 class Packing:
     """Where the real tokens of a padded (B, S) batch lie in the packed (T, ...) layout of the
@@ -170,9 +184,11 @@ class Packing:
     length up to a bucket: a multiple of max(row_bucket, 2^⌊log2 T⌋ / 8), so at most 1/8 more rows
     (row_bucket at most for short batches) and about 8 distinct lengths per doubling of T. The
     filler rows belong to no group (attend to nothing, are attended by nothing), their attention
-    context is zero, and `unpack` drops them. Why: oneDNN (the bf16 and int8 matmuls) builds and
-    caches a kernel per matrix shape, and the allocator keeps blocks of every size it has served,
-    so a server whose every batch has a new T keeps building kernels and growing its memory.
+    context is zero, and `unpack` drops them. Why: oneDNN (the bf16 and int8 matmuls, and the float32
+    GELU) builds and caches a kernel per matrix shape, and the allocator keeps blocks of every size it
+    has served, so a server whose every batch has a new T keeps building kernels and growing its
+    memory (`bucket_size`). `length_bucket` (set to row_bucket): in bf16/fp16 inference the attention
+    of each example also runs at a bucketed length (`MultiHeadSelfAttention._forward_packed`).
     """
 
     batch: int
@@ -182,6 +198,7 @@ class Packing:
     groups: tuple[tuple[int, int, int], ...]  # (start, count, length) per run of equal-length examples
     is_causal: bool = False
     extra_rows: int = 0  # filler rows after the T real ones (see `row_bucket`)
+    length_bucket: int = 0  # in low-precision inference, attention lengths are rounded up too (see `bucket_size`)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
@@ -202,11 +219,11 @@ class Packing:
             if length:  # an all-padding row has no tokens to attend
                 groups.append((start, count, length))
             start += count * length
-        extra = -start % max(row_bucket, (1 << (start.bit_length() - 1)) // 8) if row_bucket and start else 0
+        extra = bucket_size(start, row_bucket) - start
         if extra:  # filler rows repeat the first real token: real ids and positions, never read back
             index = torch.cat([index, index[:1].expand(extra)])
             columns = torch.cat([columns, columns[:1].expand(extra)])
-        return cls(batch, seq_length, index, columns, tuple(groups), is_causal, extra)
+        return cls(batch, seq_length, index, columns, tuple(groups), is_causal, extra, row_bucket)
 
     @property
     def num_tokens(self) -> int:
@@ -388,6 +405,11 @@ class MultiHeadSelfAttention(nn.Module):
         else:
             context = qkv.new_empty(tokens, hidden)
         dropout_p = self.dropout_p if self.training else 0.0
+        if packing.length_bucket and qkv.dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
+            self._attend_in_length_buckets(qkv, context, packing)
+            if packing.extra_rows:
+                context[tokens - packing.extra_rows:].zero_()
+            return context
         for start, count, length in packing.groups:
             rows = slice(start, start + count * length)
             query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
@@ -396,6 +418,42 @@ class MultiHeadSelfAttention(nn.Module):
         if packing.extra_rows:
             context[tokens - packing.extra_rows:].zero_()
         return context
+
+    def _attend_in_length_buckets(self, qkv: torch.Tensor, context: torch.Tensor, packing: Packing) -> None:
+        """Attention of the packed batch with every example's length rounded up to a bucket
+        (`bucket_size(length, packing.length_bucket)`): qkv (T, 3H) -> context (T, H), in place.
+
+        The examples of one bucket are copied into a zero-padded (N, L_bucket, 3H) batch and run
+        through one scaled_dot_product_attention call whose mask hides the padding keys (they get
+        weight exactly 0); the padding queries' outputs are dropped. Why: in bf16 on CPU the fused
+        attention kernel keeps state per sequence length (its blocks run on oneDNN micro-kernels):
+        a server that meets every length up to max_length kept growing its memory without buckets,
+        and stopped with them. Inference only (no dropout).
+        """
+        hidden = context.shape[-1]
+        heads, head_dim = self.num_heads, hidden // self.num_heads
+        buckets: dict[int, list[tuple[int, int, int]]] = {}
+        for group in packing.groups:
+            buckets.setdefault(bucket_size(group[2], packing.length_bucket), []).append(group)
+        for padded_length, groups in buckets.items():
+            count = sum(n for _, n, _ in groups)
+            padded = qkv.new_zeros(count, padded_length, 3 * hidden)
+            lengths = torch.empty(count, dtype=torch.long)
+            row = 0
+            for start, n, length in groups:
+                padded[row:row + n, :length] = qkv[start:start + n * length].view(n, length, 3 * hidden)
+                lengths[row:row + n] = length
+                row += n
+            # (N, 1, 1, L_bucket): True for the example's real keys
+            mask = (torch.arange(padded_length) < lengths[:, None]).to(qkv.device)[:, None, None, :]
+            if packing.is_causal:
+                mask = mask & torch.ones(padded_length, padded_length, dtype=torch.bool, device=qkv.device).tril()
+            query, key, value = padded.view(count, padded_length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+            row = 0
+            for start, n, length in groups:
+                context[start:start + n * length].view(n, length, heads, head_dim).copy_(out[row:row + n, :length])
+                row += n
 
 
 class ResidualLayerNorm(nn.Module):
@@ -482,7 +540,9 @@ class Pooler(nn.Module):
         self.dense = Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.dense(hidden_states[:, 0]))
+        """(B, S, H) -> (B, H). The [CLS] rows are copied out first: as a view their row stride is S·H,
+        and oneDNN (bf16 on CPU) builds a new matmul kernel for every stride, so for every S."""
+        return torch.tanh(self.dense(hidden_states[:, 0].contiguous()))
 
 
 KEY_BLOCK = 32  # keys are cut to a multiple of this: whole SIMD vectors, so the same sums
@@ -563,7 +623,9 @@ class BertModel(PreTrainedBert):
         vector where position 0 is real, equal the padded path's to float rounding (≤ 1e-5 in
         fp32); padding positions hold zeros. With output_attentions, or without an attention mask
         or padding, the padded path runs (there is nothing to remove, or the (B, A, S, S)
-        probabilities are asked for).
+        probabilities are asked for), except that in inference (no autograd) with row buckets
+        (`unpad_row_bucket` > 0) a batch without padding is packed too, so that its shapes are
+        bucketed like every other batch's.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
@@ -572,11 +634,16 @@ class BertModel(PreTrainedBert):
         if not isinstance(unpad, bool):
             raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
         fast = self._inference_fast_path(input_ids)
-        if unpad and attention_mask is not None and not output_attentions:
+        # In inference with row buckets a batch without padding is packed too, so that its B·S rows
+        # land on a bucket as well (the padded path would show the kernels a new (B, S) nearly every call).
+        pack_always = bool(self.unpad_row_bucket) and not torch.is_grad_enabled()
+        if unpad and not output_attentions and (attention_mask is not None or pack_always):
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
             if attention_mask.shape != input_ids.shape:
                 raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
                                  f"{tuple(input_ids.shape)}")
-            if not bool(attention_mask.bool().all()):
+            if pack_always or not bool(attention_mask.bool().all()):
                 return self._forward_unpadded(input_ids, token_type_ids, attention_mask, output_hidden_states,
                                               Workspace() if fast else None)
         # Keys are cut only where no (B, A, S, S) probabilities are asked for (and, being on CPU,

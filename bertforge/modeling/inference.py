@@ -12,14 +12,16 @@ H hidden):
 - `unpad=True` (default): the encoder computes the T real tokens instead of all B·S positions
   (`bertforge.modeling.bert.Packing`); outputs keep their (B, S, ...) shapes, padding positions
   hold zeros. Exact to float rounding (≤ 1e-5 in fp32 on all-MiniLM-L6-v2).
-- `row_bucket` (with unpad; default 16 for bf16 and int8 on CPU, 0 otherwise): T is rounded up to
+- `row_bucket` (with unpad; default 16 on CPU, every dtype, 0 on GPUs): T is rounded up to
   one of a few lengths (a multiple of max(16, 2^⌊log2 T⌋ / 8): ≤ 1/8 more rows) with filler rows
   that attend to nothing and are dropped, so the matmuls see few distinct shapes. Real workloads (a
   server's micro-batches, one pass over a file) have a new T nearly every batch, and oneDNN, which
   runs the bf16 and int8 matmuls on CPU, builds and caches a kernel per shape: on such batches
   buckets made int8 ~1.3x and bf16 ~1.4x faster and cut their memory by a third to a half
-  (BENCHMARKS.md, session 10). fp32 (MKL) gained nothing and pays the extra rows, so it stays exact. Outputs are
-  unchanged (the filler rows are never read).
+  (BENCHMARKS.md, session 10). In fp32 the matmuls are MKL's, but the GELU is oneDNN's, per shape
+  too, so fp32 is bucketed as well (a server's memory otherwise grows with every new T). With
+  buckets a batch without padding is packed as well, and in bf16/fp16 each example's attention runs
+  at a bucketed length (masked). Outputs are unchanged (the filler rows are never read).
 - `dtype="bf16"`: weights and activations in bfloat16; on a CPU with AVX-512 BF16 or AMX the
   matmuls run at about twice the float32 rate. Outputs are bfloat16 (~3 significant digits).
 - `dtype="fp16"` / `"bf16"` on a GPU: half-precision weights for the tensor cores.
@@ -182,12 +184,11 @@ def _device_of(model: nn.Module) -> torch.device:
 
 
 def default_row_bucket(model: nn.Module) -> int:
-    """The unpadded path's bucket step for `model` as it is now: DEFAULT_ROW_BUCKET where oneDNN runs
-    its matmuls (int8 linear layers, or bf16/fp16 weights, on CPU), else 0 (exact packing)."""
-    if _device_of(model).type != "cpu":
-        return 0
-    low_precision = any(p.dtype in (torch.bfloat16, torch.float16) for p in model.parameters())
-    return DEFAULT_ROW_BUCKET if _is_quantized(model) or low_precision else 0
+    """The unpadded path's bucket step for `model` as it is now: DEFAULT_ROW_BUCKET on CPU, every
+    dtype, else 0 (exact packing). On CPU oneDNN builds and caches a kernel per shape: the bf16 and
+    int8 matmuls, bf16 attention blocks, and in float32 the GELU; without buckets a server's memory
+    grows with every new batch shape (`bertforge.modeling.bert.bucket_size`)."""
+    return DEFAULT_ROW_BUCKET if _device_of(model).type == "cpu" else 0
 
 
 def cpu_has_bf16() -> bool:
@@ -307,7 +308,7 @@ def optimize_for_inference(model: nn.Module, dtype: str = "fp32", unpad: bool = 
       (CPU only: `quantize_int8`). Outputs are bf16/fp16 for those dtypes, float32 for int8.
     unpad: run the encoder on the real tokens only (`BertModel.unpad`); exact, see `Packing`.
     row_bucket: with unpad, round the packed length up to a few sizes (`Packing`; 0: exactly T);
-      None: `default_row_bucket(model)` once converted (16 for bf16/int8 on CPU, else 0).
+      None: `default_row_bucket(model)` once converted (16 on CPU, 0 on GPUs).
     compile: torch.compile the per-token parts of each layer (fp32/bf16/fp16; not with int8).
     quantized_engine: with int8, the kernels' engine (see `Int8Linear`); None: `default_quantized_engine()`.
 

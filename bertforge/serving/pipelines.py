@@ -242,8 +242,8 @@ class Pipeline:
             `bertforge.modeling.optimize_for_inference`; results move by what each costs in accuracy
             (BENCHMARKS.md, RESULTS.md). None (default): as loaded, float32 from a checkpoint.
         unpad: backend="torch" only: run the encoder on the real tokens of each batch, not the padding
-            (exact to float rounding; the server's micro-batches mix lengths, where it pays most), for
-            bf16/int8 its packed length rounded up to a few sizes (`optimize_for_inference`, row_bucket).
+            (exact to float rounding; the server's micro-batches mix lengths, where it pays most), and
+            on CPU its packed length rounded up to a few sizes (`optimize_for_inference`, row_bucket).
             A model instance passed in is changed in place by `dtype` and `unpad`.
     """
 
