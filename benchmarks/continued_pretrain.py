@@ -4,7 +4,8 @@ Hugging Face transformers' `run_mlm.py` recipe (the "peer"), MODEL all-MiniLM-L6
 Both start from MODEL's weights; MODEL has no masked-LM head, so each framework initialises one, and the
 peer's is then overwritten with bertforge's (the same weights everywhere). One step = forward, backward,
 global-norm clipping (1.0) and AdamW (lr 5e-5, `bertforge pretrain`'s default with --init-from; weight
-decay 0.01, ε 1e-6; no lr schedule is timed), fp32, dropout on, `--threads` threads (default 2).
+decay 0.01, ε 1e-6), fp32, dropout on, `--threads` threads (default 2). The peer's lr is constant; the
+Trainer also steps its lr schedule (a scalar update per step, nothing next to the step itself).
 
 - ours: what `bertforge pretrain --init-from MODEL --no-nsp` runs per step: the model built as
   `run_pretraining` builds it (`init_config` + `build_model`: pooler and NSP classifier frozen), and
