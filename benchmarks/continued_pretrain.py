@@ -43,7 +43,7 @@ import tempfile
 from pathlib import Path
 
 from _common import cpu_model, load_average, log, quiet_libraries
-from pretrain import DEFAULT_BOOK, Worker, dense_mlm_labels, prepare_data, serve, time_alternating
+from pretrain import Worker, add_timing_flags, dense_mlm_labels, prepare_data, serve, time_alternating
 
 SEQ_LENGTH = 128
 TARGET = 2.0
@@ -172,15 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--init-from", type=Path, help="the model to continue (default: all-MiniLM-L6-v2)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=10, help="steps per timed repeat")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--num-batches", type=int, default=8, help="distinct batches cycled through")
-    parser.add_argument("--quiet", type=float, default=0.05,
-                        help="a timed run during which other processes used more than this share of the "
-                             "machine's CPU is discarded and repeated (default 0.05)")
-    parser.add_argument("--retries", type=int, default=20, help="repeats of a disturbed run before giving up")
-    parser.add_argument("--book", type=Path, default=DEFAULT_BOOK, help="text the instances are made of")
+    add_timing_flags(parser)
     parser.add_argument("--data", type=Path, help=f"prepared instances ({SEQ_LENGTH} tokens, MODEL's vocabulary) "
                                                   "instead of --book")
     parser.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)

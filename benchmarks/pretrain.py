@@ -283,11 +283,8 @@ def bench_config(name: str, batch: int, steps: int, args, data: Path, workdir: P
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="mini,base", help=f"comma-separated, from {', '.join(DEFAULTS)}")
-    parser.add_argument("--batch-sizes", help="comma-separated, one per config (default: mini 32, base 8, ...)")
-    parser.add_argument("--steps", type=int, help="steps per timed repeat (default: by config)")
+def add_timing_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of the alternating timed repeats (`time_alternating`) and of the text the instances come from."""
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=2)
@@ -297,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
                              "machine's CPU is discarded and repeated (default 0.05)")
     parser.add_argument("--retries", type=int, default=20, help="repeats of a disturbed run before giving up")
     parser.add_argument("--book", type=Path, default=DEFAULT_BOOK, help="text the instances are made of")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="mini,base", help=f"comma-separated, from {', '.join(DEFAULTS)}")
+    parser.add_argument("--batch-sizes", help="comma-separated, one per config (default: mini 32, base 8, ...)")
+    parser.add_argument("--steps", type=int, help="steps per timed repeat (default: by config)")
+    add_timing_flags(parser)
     parser.add_argument("--data", type=Path, help="prepared instances (128 tokens) instead of --book")
     parser.add_argument("--no-unpad", dest="unpad", action="store_false",
                         help="bertforge runs the padded encoder (default: MaskedLMStep's unpadded path, as `bertforge pretrain`)")

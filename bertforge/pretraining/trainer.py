@@ -221,10 +221,15 @@ def resolve_config(name: str, vocab_size: int, objective: str, max_seq_length: i
         if config.vocab_size != vocab_size:
             raise ValueError(f"{path}: vocab_size is {config.vocab_size}, but the data was prepared with a "
                              f"{vocab_size}-token vocabulary")
+    return _fit_to_data(config, objective, max_seq_length, "the model")
+
+
+def _fit_to_data(config: BertConfig, objective: str, max_seq_length: int, model: str) -> BertConfig:
+    """`config` made causal for the LTR objective; an error if the data's sequences outgrow its positions."""
     if objective == "ltr":
         config = BertConfig.from_dict({**config.to_dict(), "is_causal": True})
     if max_seq_length > config.max_position_embeddings:
-        raise ValueError(f"the data has sequences of {max_seq_length} tokens, the model only "
+        raise ValueError(f"the data has sequences of {max_seq_length} tokens, {model} only "
                          f"{config.max_position_embeddings} position embeddings")
     return config
 
@@ -277,12 +282,7 @@ def init_config(model_dir: Path, config: str | None, objective: str, max_seq_len
         if differ:
             raise ValueError(f"--config {config} disagrees with --init-from {model_dir / CONFIG_NAME}: "
                              f"{', '.join(differ)}; the architecture comes from the model: drop --config")
-    if objective == "ltr":
-        model_config = BertConfig.from_dict({**model_config.to_dict(), "is_causal": True})
-    if max_seq_length > model_config.max_position_embeddings:
-        raise ValueError(f"the data has sequences of {max_seq_length} tokens, {model_dir} only "
-                         f"{model_config.max_position_embeddings} position embeddings")
-    return model_config
+    return _fit_to_data(model_config, objective, max_seq_length, str(model_dir))
 
 
 def check_init_vocabulary(model_dir: Path, vocab_file: Path, datasets: list[PretrainingDataset]) -> dict[int, str]:
