@@ -10,6 +10,7 @@ from .pipelines import (
     ClassifyPipeline,
     EmbedPipeline,
     FillMaskPipeline,
+    MultipleChoicePipeline,
     Pipeline,
     PipelineInputError,
     TagPipeline,
@@ -20,5 +21,5 @@ from .pipelines import (
 
 __all__ = [
     "PIPELINES", "Pipeline", "PipelineInputError", "FillMaskPipeline", "ClassifyPipeline", "EmbedPipeline",
-    "TagPipeline", "AnswerPipeline", "pipeline", "register_pipeline", "task_for_checkpoint",
+    "TagPipeline", "AnswerPipeline", "MultipleChoicePipeline", "pipeline", "register_pipeline", "task_for_checkpoint",
 ]

@@ -24,14 +24,33 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from .pipelines import Batch, Pipeline
+from .._files import temporary_file
+from ..modeling import BertModel
+from .registry import PIPELINES, resolve_task, task_for_checkpoint
+from .runner import Batch
+
+
+class ExportablePipeline(Protocol):
+    """What export and the parity check use of a `bertforge.serving.pipelines.Pipeline` (named here
+    by its shape, so that this module, which the pipelines use for `backend="onnx"`, imports none)."""
+
+    task: str
+    input_names: tuple[str, ...]
+    extra_input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    output_axes: dict[str, dict[int, str]]
+    max_length: int
+    runner: Any
+
+    def build_graph(self, model: nn.Module) -> nn.Module: ...
+
+    def sample_batch(self, batch_size: int = 3, length: int = 13, seed: int = 0) -> Batch: ...
 
 logger = logging.getLogger("bertforge")
 
@@ -66,8 +85,6 @@ def _plain_path(model: nn.Module) -> Iterator[None]:
     """Autograd on, every parameter requiring grad and the encoder padded (no unpadding: its packing
     depends on the data), restored afterwards: the encoder's plain, traceable path (see the module
     docstring)."""
-    from ..modeling import BertModel
-
     frozen = [p for p in model.parameters() if not p.requires_grad]
     unpadded = [m for m in model.modules() if isinstance(m, BertModel) and m.unpad]
     for p in frozen:
@@ -84,7 +101,7 @@ def _plain_path(model: nn.Module) -> Iterator[None]:
             encoder.unpad = True
 
 
-def _export_to(pipe: "Pipeline", model: nn.Module, target, opset: int) -> None:
+def _export_to(pipe: ExportablePipeline, model: nn.Module, target, opset: int) -> None:
     graph = pipe.build_graph(model).cpu().eval()
     sample = pipe.sample_batch()
     inputs = tuple(torch.from_numpy(sample[name]) for name in pipe.input_names)
@@ -111,7 +128,7 @@ def _with_metadata(data: bytes, task: str) -> bytes:
     return proto.SerializeToString()
 
 
-def export_onnx_bytes(pipe: "Pipeline", model: nn.Module, opset: int = DEFAULT_OPSET) -> bytes:
+def export_onnx_bytes(pipe: ExportablePipeline, model: nn.Module, opset: int = DEFAULT_OPSET) -> bytes:
     """The ONNX model of `pipe`'s task graph around `model`, as bytes (no file written)."""
     _require("onnx")
     buffer = io.BytesIO()
@@ -151,17 +168,17 @@ class OnnxRunner:
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
 
-    def __call__(self, batch: "Batch") -> dict[str, np.ndarray]:
+    def __call__(self, batch: Batch) -> dict[str, np.ndarray]:
         feeds = {name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in self.input_names}
         outputs = self.session.run(list(self.output_names), feeds)
         return {name: np.asarray(value, dtype=np.float32) for name, value in zip(self.output_names, outputs)}
 
 
-def onnx_runner(model: str | os.PathLike | bytes, pipe: "Pipeline", device: str = "cpu") -> OnnxRunner:
+def onnx_runner(model: str | os.PathLike | bytes, pipe: ExportablePipeline, device: str = "cpu") -> OnnxRunner:
     return OnnxRunner(model, pipe.input_names, pipe.output_names, device, task=pipe.task)
 
 
-def parity(pipe: "Pipeline", reference, candidate, batches: Sequence["Batch"] | None = None) -> tuple[float, int]:
+def parity(pipe: ExportablePipeline, reference, candidate, batches: Sequence[Batch] | None = None) -> tuple[float, int]:
     """The largest |reference - candidate| over every output of the given batches (default: three
     random batches of different shapes, with padding), and how many batches were compared. Outputs
     with a sequence axis are compared at real tokens only: what a padding position holds differs
@@ -185,7 +202,7 @@ def parity(pipe: "Pipeline", reference, candidate, batches: Sequence["Batch"] | 
     return worst, len(batches)
 
 
-def check_parity(pipe: "Pipeline", data: bytes, atol: float = DEFAULT_ATOL, what: str = "the model") -> tuple[float, int]:
+def check_parity(pipe: ExportablePipeline, data: bytes, atol: float = DEFAULT_ATOL, what: str = "the model") -> tuple[float, int]:
     """Compare `pipe`'s PyTorch runner with onnxruntime on `data`; OnnxParityError past `atol`."""
     worst, count = parity(pipe, pipe.runner, onnx_runner(data, pipe))
     if not worst <= atol:  # also catches NaN
@@ -197,12 +214,10 @@ def export_onnx(model_dir: str | os.PathLike, output: str | os.PathLike | None, 
                 opset: int = DEFAULT_OPSET, check: bool = True, atol: float = DEFAULT_ATOL) -> ExportReport:
     """Export the `task` pipeline of a checkpoint to `output` and check it against PyTorch.
 
-    task: default from config.json's `architectures` (see `task_for_checkpoint`). The check runs
+    task: any name of the task registry (default: the checkpoint's, see `task_for_checkpoint`). The check runs
     both backends on random padded batches of three shapes (so the dynamic axes are exercised) and
     raises OnnxParityError, writing no file, when the largest difference exceeds `atol`.
     """
-    from .pipelines import PIPELINES, resolve_task, task_for_checkpoint
-
     task = resolve_task(task or task_for_checkpoint(model_dir))
     cls = PIPELINES[task]
     pipe = cls(model_dir, backend="torch", device="cpu")
@@ -215,9 +230,14 @@ def export_onnx(model_dir: str | os.PathLike, output: str | os.PathLike | None, 
     if output is not None:
         path = Path(output)
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, path)
+        handle, temporary = temporary_file(path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:  # written whole under a temporary name, then renamed: never a half-written .onnx file
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+            os.replace(temporary, path)
+        finally:
+            if os.path.exists(temporary):
+                os.unlink(temporary)
     return ExportReport(path, task, worst, count, opset)
 
 

@@ -409,6 +409,17 @@ def _json_path(path: tuple) -> str:
     return out
 
 
+def _check_strings(values: list, name: str, settings: ServerSettings) -> None:
+    """ApiError unless every item of `values` is a non-empty string within the size limit."""
+    for i, text in enumerate(values):
+        if not isinstance(text, str):
+            raise ApiError(422, f"{name}[{i}] must be a string, got {type(text).__name__}")
+        if not text.strip():
+            raise ApiError(422, f"{name}[{i}] is empty")
+        if len(text) > settings.max_chars:
+            raise ApiError(413, f"{name}[{i}] has {len(text)} characters, over the limit of {settings.max_chars}")
+
+
 def _validate(pipe: Pipeline, body: Any, settings: ServerSettings) -> tuple[dict[str, list[str]], dict[str, Any]]:
     """The request's inputs and options, or ApiError with the reason (413 for sizes, 422 otherwise)."""
     if not isinstance(body, dict):
@@ -430,13 +441,15 @@ def _validate(pipe: Pipeline, body: Any, settings: ServerSettings) -> tuple[dict
             raise ApiError(422, f"{name!r} is empty")
         if len(value) > settings.max_texts:
             raise ApiError(413, f"{len(value)} items in {name!r} exceed the limit of {settings.max_texts} per request")
-        for i, text in enumerate(value):
-            if not isinstance(text, str):
-                raise ApiError(422, f"{name}[{i}] must be a string, got {type(text).__name__}")
-            if not text.strip():
-                raise ApiError(422, f"{name}[{i}] is empty")
-            if len(text) > settings.max_chars:
-                raise ApiError(413, f"{name}[{i}] has {len(text)} characters, over the limit of {settings.max_chars}")
+        if name in pipe.nested_request_inputs:  # a list of lists of strings (multiple choice)
+            for i, row in enumerate(value):
+                if not isinstance(row, list) or not row:
+                    raise ApiError(422, f"{name}[{i}] must be a non-empty list of strings")
+                if len(row) > settings.max_texts:
+                    raise ApiError(413, f"{len(row)} items in {name}[{i}] exceed the limit of {settings.max_texts}")
+                _check_strings(row, f"{name}[{i}]", settings)
+        else:
+            _check_strings(value, name, settings)
         inputs[name] = value
     lengths = {len(v) for v in inputs.values()}
     if len(lengths) > 1:

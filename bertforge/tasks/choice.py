@@ -31,8 +31,14 @@ import numpy as np
 import torch
 
 from .._files import write_text_atomic
-
-from .classification import batch_labels, names_shown, read_delimited_rows
+from ..modeling import BertForMultipleChoice, load_for_inference
+from ..modeling.pretrained import resolve_model_dir
+from ..tokenization import BertTokenizer
+from ..training.finetune import FinetuneTask
+from .arrays import pad_inputs, softmax
+from .classification import predict_features
+from .classify_features import batch_labels
+from .classify_reader import names_shown, read_delimited_rows
 
 __all__ = ["TASK_NAME", "ChoiceExample", "choice_step", "collate", "convert_examples_to_features",
            "multiple_choice_task", "predict_choice_file", "predict_choice_logits", "read_swag_file",
@@ -202,16 +208,10 @@ def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.
     num_choices = len(features[0]["input_ids"])
     if any(len(f["input_ids"]) != num_choices for f in features):
         raise ValueError("features in a batch must have the same number of choices")
-    size = (len(features), num_choices, max(feature_length(f) for f in features))
-    input_ids = torch.full(size, pad_token_id, dtype=torch.long)
-    token_type_ids = torch.zeros(size, dtype=torch.long)
-    attention_mask = torch.zeros(size, dtype=torch.long)
-    for b, feature in enumerate(features):
-        for c, (ids, types) in enumerate(zip(feature["input_ids"], feature["token_type_ids"])):
-            input_ids[b, c, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            token_type_ids[b, c, :len(types)] = torch.tensor(types, dtype=torch.long)
-            attention_mask[b, c, :len(ids)] = 1
-    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    # The B*K rows padded as one batch of sequences, then viewed (B, K, S).
+    flat = pad_inputs([ids for f in features for ids in f["input_ids"]],
+                      [types for f in features for types in f["token_type_ids"]], pad_token_id)
+    batch = {name: torch.from_numpy(value.reshape(len(features), num_choices, -1)) for name, value in flat.items()}
     labels = batch_labels(features)
     if labels is None:
         return batch
@@ -234,13 +234,12 @@ def choice_step(model, batch: dict[str, torch.Tensor]):
 def predict_choice_logits(model, features: Sequence[dict], batch_size: int = 32, pad_token_id: int = 0) -> np.ndarray:
     """Logits (N, K) of a multiple-choice model for `features`, in their order. `batch_size` counts
     examples (each K sequences); examples are batched by length so padding is minimal."""
-    from .classification import predict_features
-
     return predict_features(model, features, batch_size, pad_token_id, collate_fn=collate, length_fn=feature_length)
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
-    return torch.softmax(torch.from_numpy(np.asarray(logits, dtype=np.float32)), -1).numpy()
+    """Probabilities over the K choices (float32), as written to the predictions files."""
+    return softmax(logits, dtype=np.float32)
 
 
 def write_choice_predictions(path: str | os.PathLike, examples: Sequence[ChoiceExample], logits: np.ndarray) -> Path:
@@ -269,11 +268,6 @@ def multiple_choice_task(model_dir: str | os.PathLike, train_file: str | os.Path
                          max_train_examples: int | None = None):
     """The `FinetuneTask` of a SWAG-layout task: `BertForMultipleChoice` on the pre-trained encoder, accuracy on
     dev (main metric), and OUT/dev_predictions.jsonl from the best model. `eval_batch_size` counts examples."""
-    from ..modeling import BertForMultipleChoice
-    from ..modeling.pretrained import resolve_model_dir
-    from ..tokenization import BertTokenizer
-    from ..training.finetune import FinetuneTask
-
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_swag_file(train_file, max_examples=max_train_examples)
     dev = read_swag_file(dev_file)
@@ -311,10 +305,6 @@ def predict_choice_file(model_dir: str | os.PathLike, input_file: str | os.PathL
     predicted ending's number, and its probability. Returns the written path. `dtype`: see
     `bertforge.modeling.load_for_inference`.
     """
-    from ..modeling import BertForMultipleChoice, load_for_inference
-    from ..modeling.pretrained import resolve_model_dir
-    from ..tokenization import BertTokenizer
-
     examples = read_swag_file(input_file, require_labels=False)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     model = load_for_inference(BertForMultipleChoice, model_dir, dtype, task="multiple-choice")

@@ -31,12 +31,19 @@ import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+from safetensors.torch import load_file
 from tqdm import tqdm
 
-from .._files import save_safetensors
-from .tagging import (DEV_PREDICTIONS, IGNORE_INDEX, NerData, build_windows, collate_windows, labelled_tokens,
-                      ner_metrics, prepare_ner_data, read_for_prediction, read_model_config, word_piece_ids,
-                      write_conll)
+from .._files import save_safetensors, write_text_atomic
+from ..modeling import BertModel
+from ..modeling.heads import TaskOutput
+from ..modeling.modes import evaluating
+from ..modeling.pretrained import resolve_model_dir
+from ..tokenization import BertTokenizer
+from ..training.finetune import FinetuneTask
+from .conll import (DEV_PREDICTIONS, IGNORE_INDEX, NerData, build_windows, collate_windows, labelled_tokens,
+                    ner_metrics, prepare_ner_data, read_for_prediction, read_model_config, word_piece_ids,
+                    write_conll)
 
 __all__ = ["FEATURE_STRATEGIES", "BiLSTMTagger", "WordFeatures", "cache_word_features", "feature_ner_task",
            "predict_conll_feature_based"]
@@ -135,8 +142,6 @@ class BiLSTMTagger(nn.Module):
     def forward(self, features: torch.Tensor, lengths: torch.Tensor, labels: torch.Tensor | None = None):
         """features (B, T, D) float, lengths (B,) words per row, labels (B, T) with -100 on padding
         -> TaskOutput(logits (B, T, K), loss: mean cross-entropy over the labelled words)."""
-        from ..modeling.heads import TaskOutput
-
         steps = features.shape[1]
         # Packed, so that the backward direction starts at each sentence's last word, not at padding.
         packed = pack_padded_sequence(self.dropout(features.float()), lengths.cpu(), batch_first=True,
@@ -155,14 +160,12 @@ class BiLSTMTagger(nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         config = {"architectures": [type(self).__name__], "model_type": "bertforge-feature-bilstm", **self.config}
-        (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        write_text_atomic(directory / "config.json", json.dumps(config, indent=2) + "\n")
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_safetensors(tensors, directory / "model.safetensors")
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike) -> "BiLSTMTagger":
-        from safetensors.torch import load_file
-
         config = read_model_config(directory)
         config.pop("architectures", None)
         config.pop("model_type", None)
@@ -208,9 +211,7 @@ def predict_word_tags(model: BiLSTMTagger, features: WordFeatures, batch_size: i
     order = sorted(range(count), key=lambda s: int(features.offsets[s + 1] - features.offsets[s]))
     tags: list[list[str]] = [[] for _ in range(count)]
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         for start in range(0, count, batch_size):
             rows = order[start:start + batch_size]
             batch = collate_words(features, rows)
@@ -218,8 +219,6 @@ def predict_word_tags(model: BiLSTMTagger, features: WordFeatures, batch_size: i
             best = logits.argmax(-1).cpu().numpy()
             for row, s in enumerate(rows):
                 tags[s] = [id2label[int(k)] for k in best[row, :int(batch["lengths"][row])]]
-    finally:
-        model.train(was_training)
     return tags
 
 
@@ -232,8 +231,6 @@ def _default_device(device: str | None) -> torch.device:
 
 
 def _encoder(model_dir: str | os.PathLike, device: torch.device):
-    from ..modeling import BertModel
-
     encoder = BertModel.from_pretrained(model_dir)
     for parameter in encoder.parameters():
         parameter.requires_grad_(False)  # frozen: the point of the feature-based approach
@@ -247,8 +244,6 @@ def feature_ner_task(model_dir: str | os.PathLike, train_file: str | os.PathLike
                      device: str | None = None, progress: bool = True, data: NerData | None = None):
     """The `FinetuneTask` of the feature-based approach: features cached now (once, shared by every seed
     and learning rate of a grid), a new BiLSTM tagger per run (`build_model`), entity F1 on dev."""
-    from ..training.finetune import FinetuneTask
-
     _check_strategy(features)
     if data is None:
         data = prepare_ner_data(model_dir, train_file, dev_file, document_context=document_context,
@@ -290,9 +285,6 @@ def predict_conll_feature_based(model_dir: str | os.PathLike, input_file: str | 
                                 device: str | None = None) -> tuple[Path, dict[str, float] | None]:
     """`tagging.predict_conll` for a feature-based model: the recorded encoder (config.json
     `feature_based.encoder`) computes the features of the input, the BiLSTM tags them."""
-    from ..modeling.pretrained import resolve_model_dir
-    from ..tokenization import BertTokenizer
-
     tagger = BiLSTMTagger.from_pretrained(model_dir)
     settings = tagger.config["feature_based"]
     encoder_dir = Path(settings["encoder"])

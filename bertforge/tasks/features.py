@@ -1,4 +1,7 @@
-"""The feature-based approach (§5.3): hidden states of chosen layers as fixed contextual features.
+"""`bertforge extract-features` (the `embed` task family): hidden states of chosen layers as JSON lines.
+
+The fixed contextual features of the paper's feature-based approach (§5.3), written for any use; the
+feature-based NER tagger trained on such features is `bertforge.tasks.feature_based`.
 
 `extract_features` writes the JSON-lines format of Google's `extract_features.py`: one line per
 input example, `{"linex_index": i, "features": [{"token": t, "layers": [{"index": -1, "values":
@@ -22,6 +25,7 @@ from .._files import read_text, temporary_file
 from ..modeling import BertModel
 from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
+from .arrays import pad_inputs
 
 PAIR_SEPARATOR = " ||| "
 
@@ -68,14 +72,12 @@ def layer_features(model: BertModel, tokenizer: BertTokenizer, examples: Sequenc
                                              max_length=max_seq_length, padding=False)
                 for i, row in zip(idx, enc):
                     rows[i] = row
-        length = max(len(r["input_ids"]) for r in rows)
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([r["input_ids"] + [pad] * (length - len(r["input_ids"])) for r in rows])
-        token_type_ids = torch.tensor([r["token_type_ids"] + [0] * (length - len(r["input_ids"])) for r in rows])
-        attention_mask = (torch.arange(length)[None, :] < torch.tensor([len(r["input_ids"]) for r in rows])[:, None])
+        batch = {name: torch.from_numpy(value) for name, value in
+                 pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows],
+                            tokenizer.pad_token_id).items()}
         with torch.inference_mode():
-            out = model(input_ids.to(device), token_type_ids.to(device), attention_mask.long().to(device),
-                        output_hidden_states=True)
+            out = model(batch["input_ids"].to(device), batch["token_type_ids"].to(device),
+                        batch["attention_mask"].to(device), output_hidden_states=True)
         encoder_layers = out.hidden_states[1:]
         stacked = torch.stack([encoder_layers[i] for i in layers], dim=1).float().cpu().numpy()  # (B, layers, S, H)
         for b, row in enumerate(rows):

@@ -1,0 +1,258 @@
+"""The pipeline base class: tokenize, batch, run (PyTorch or onnxruntime), postprocess.
+
+Every pipeline works the same way: `preprocess` turns the inputs into *features* (token ids, one or
+more per input: long inputs of `tag` and `answer` become overlapping windows), the features are
+sorted by length and run in padded batches of `batch_size` through a *runner* (the model's
+export-friendly graph on PyTorch, `bertforge.serving.runner`, or the same graph exported to ONNX,
+`bertforge.serving.onnx`), and `postprocess` turns each input's feature outputs back into results,
+in the order the inputs came. The class attributes `request_inputs`, `optional_request_inputs` and
+`request_options` are the server's request schema of the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ...modeling import BertConfig, BertModel, optimize_for_inference, require_trained_head
+from ...modeling.inference import default_row_bucket
+from ...modeling.pretrained import resolve_model_dir
+from ...tasks.arrays import MODEL_INPUTS, pad_inputs, pad_rows
+from ...tasks.windows import windows as _windows
+from ...tokenization import BertTokenizer
+from ..onnx import check_parity, export_onnx_bytes, onnx_runner
+from ..runner import Batch, Runner, TorchRunner
+
+logger = logging.getLogger("bertforge")
+
+BASE_INPUTS = MODEL_INPUTS
+MASK_TOKEN = "[MASK]"
+
+
+class PipelineInputError(ValueError):
+    """The caller's input cannot be processed (empty text, no [MASK], mismatched lengths ...).
+
+    The server answers it with 422 and this message.
+    """
+
+
+@dataclass
+class Feature:
+    """One model input row: token ids plus what postprocessing needs to map outputs back."""
+
+    example: int  # index of the input it came from
+    input_ids: list[int]
+    token_type_ids: list[int]
+    extra_inputs: dict[str, list[int]] = field(default_factory=dict)  # e.g. masked_positions
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def check_texts(texts: Any, what: str = "texts", allow_empty_list: bool = True) -> list[str]:
+    """`texts` as a list of non-empty strings, else PipelineInputError naming `what` and the index."""
+    if isinstance(texts, str):
+        raise PipelineInputError(f"{what} must be a list of strings, not one string (wrap it in a list)")
+    try:
+        texts = list(texts)
+    except TypeError:
+        raise PipelineInputError(f"{what} must be a list of strings, got {type(texts).__name__}") from None
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise PipelineInputError(f"{what}[{i}] is {type(text).__name__}, not a string")
+        if not text.strip():
+            raise PipelineInputError(f"{what}[{i}] is empty")
+    if not texts and not allow_empty_list:
+        raise PipelineInputError(f"{what} is empty")
+    return texts
+
+
+
+_check_texts = check_texts  # the name pipelines used before
+
+
+def windows(length: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """`bertforge.tasks.windows.windows`; a window with no room for a token is the caller's input
+    error here (answered with 422 by the server), not a bug."""
+    try:
+        return _windows(length, max_tokens, stride)
+    except ValueError as error:
+        raise PipelineInputError(str(error)) from None
+
+
+# ---------------------------------------------------------------------------- the base class
+
+
+class Pipeline:
+    """Tokenize, batch, run, postprocess. Subclasses set `model_class`, `output_names` and the hooks.
+
+    Args:
+        model: a checkpoint directory (config.json, model.safetensors, vocab.txt), or a model
+            instance of `model_class` (then `tokenizer` is required).
+        backend: "torch" or "onnx" (onnxruntime on the graph exported by `bertforge.serving.onnx`).
+        device: torch device ("cpu", "cuda", "cuda:1"); for onnx, a CUDA device selects
+            onnxruntime's CUDA provider where it is installed.
+        max_length: tokens per model input, specials included (default: the tokenizer's
+            model_max_length, at most the model's position embeddings).
+        onnx_model: an exported .onnx file for backend="onnx" (default: export in memory now).
+        runner: a callable that replaces the backend (tests, custom runtimes).
+        dtype: backend="torch" only: "fp32" (exact), "bf16" (CPUs with AVX-512 BF16/AMX, GPUs),
+            "fp16" (GPUs) or "int8" (CPU: int8 linear layers), applied with
+            `bertforge.modeling.optimize_for_inference`; results move by what each costs in accuracy
+            (BENCHMARKS.md, RESULTS.md). None (default): as loaded, float32 from a checkpoint.
+        unpad: backend="torch" only: run the encoder on the real tokens of each batch, not the padding
+            (exact to float rounding; the server's micro-batches mix lengths, where it pays most), and
+            on CPU its packed length rounded up to a few sizes (`optimize_for_inference`, row_bucket).
+            A model instance passed in is changed in place by `dtype` and `unpad`.
+    """
+
+    task: str = ""
+    model_class: type[nn.Module] = BertModel
+    extra_input_names: tuple[str, ...] = ()
+    output_names: tuple[str, ...] = ()
+    # ONNX dynamic axes of each output (batch first).
+    output_axes: dict[str, dict[int, str]] = {}
+    # Options the server accepts in a request body: name -> type(s).
+    request_options: dict[str, tuple[type, ...]] = {}
+    # The JSON keys of the server request that carry the inputs: (positional, keyword ...).
+    request_inputs: tuple[str, ...] = ("texts",)
+    optional_request_inputs: tuple[str, ...] = ()
+    # Request inputs whose items are lists of strings rather than strings (multiple choice's endings).
+    nested_request_inputs: tuple[str, ...] = ()
+
+    def __init__(self, model: str | os.PathLike | nn.Module, tokenizer: BertTokenizer | None = None,
+                 backend: str = "torch", device: str | torch.device | None = None,
+                 max_length: int | None = None, onnx_model: str | os.PathLike | bytes | None = None,
+                 runner: Runner | None = None, dtype: str | None = None, unpad: bool = True):
+        if backend == "onnx" and dtype not in (None, "fp32"):
+            raise ValueError(f"dtype={dtype!r} is for backend='torch'; the ONNX graph is exported in float32")
+        if isinstance(model, nn.Module):
+            if tokenizer is None:
+                raise ValueError("a model instance needs its tokenizer (tokenizer=...)")
+            self.model_dir = None
+            module = model.eval()
+        else:
+            self.model_dir = resolve_model_dir(model)  # a local directory, or a Hub id's cached snapshot
+            module = None
+        self.config: BertConfig = module.config if module is not None else BertConfig.from_pretrained(self.model_dir)
+        self.tokenizer = tokenizer if tokenizer is not None else BertTokenizer.from_pretrained(self.model_dir)
+        limit = min(self.tokenizer.model_max_length, self.config.max_position_embeddings)
+        self.max_length = limit if max_length is None else min(max_length, limit)
+        self.backend = backend
+        self.device = str(device or "cpu")
+        self.input_names = BASE_INPUTS + self.extra_input_names
+        if runner is not None:
+            self.runner = runner
+        elif backend == "torch":
+            if module is None:
+                module = self._load_trained()
+            module = module.to(self.device)
+            if dtype is not None:
+                optimize_for_inference(module, dtype=dtype, unpad=unpad)
+            else:  # keep the weights as they are (a model instance may be bf16 or int8 already)
+                for encoder in module.modules():
+                    if isinstance(encoder, BertModel):
+                        encoder.unpad = unpad
+                        encoder.unpad_row_bucket = default_row_bucket(module)
+            self.runner = TorchRunner(self.build_graph(module), self.input_names, self.output_names, self.device)
+        elif backend == "onnx":
+            if onnx_model is None:
+                # Export in memory, checked against PyTorch as `bertforge export-onnx` does.
+                if module is None:
+                    module = self._load_trained()
+                self.runner = TorchRunner(self.build_graph(module), self.input_names, self.output_names, "cpu")
+                onnx_model = export_onnx_bytes(self, module)
+                check_parity(self, onnx_model, what=str(self.model_dir or "the model"))
+                del module
+            self.runner = onnx_runner(onnx_model, self, self.device)
+        else:
+            raise ValueError(f"backend must be 'torch' or 'onnx', got {backend!r}")
+
+    # Weights of `model_class` this pipeline never runs: a checkpoint may lack them.
+    unused_weights: tuple[str, ...] = ()
+
+    def _load_trained(self) -> nn.Module:
+        """`model_class` from the model directory; a ValueError when the checkpoint lacks weights this
+        pipeline runs (a head trained for another task, or none): its outputs would be random."""
+        module = self.model_class.from_pretrained(self.model_dir)
+        require_trained_head(module, self.model_dir, self.task, ignore=self.unused_weights)
+        return module
+
+    # -- what subclasses provide
+
+    @classmethod
+    def build_graph(cls, model: nn.Module) -> nn.Module:
+        """The export-friendly module this task runs (inputs `input_names`, outputs `output_names`)."""
+        raise NotImplementedError
+
+    def check_inputs(self, inputs: tuple) -> tuple:
+        """The positional inputs, checked (PipelineInputError with the reason): by default each a
+        list of non-empty strings, named by `request_inputs` in messages."""
+        return tuple(check_texts(value, name) for value, name in zip(inputs, self.request_inputs))
+
+    def preprocess(self, *inputs: Any, **options: Any) -> list[Feature]:
+        raise NotImplementedError
+
+    def postprocess(self, inputs: tuple, features: list[Feature], outputs: list[dict[str, np.ndarray]],
+                    **options: Any) -> Any:
+        """Results for each input; `inputs` are the (checked) positional inputs, e.g. (texts,)."""
+        raise NotImplementedError
+
+    # -- the shared machinery
+
+    def __call__(self, *inputs: Any, batch_size: int = 32, **options: Any) -> Any:
+        """Results for each input, in input order (see the subclass for inputs and options)."""
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise PipelineInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+        inputs = self.check_inputs(inputs)
+        features = self.preprocess(*inputs, **options)
+        outputs = self.run(features, batch_size)
+        return self.postprocess(inputs, features, outputs, **options)
+
+    def run(self, features: Sequence[Feature], batch_size: int) -> list[dict[str, np.ndarray]]:
+        """Each feature's outputs (its row of every output), running shortest-first batches so that
+        a batch pads to similar lengths."""
+        results: list[dict[str, np.ndarray]] = [{} for _ in features]
+        order = sorted(range(len(features)), key=lambda i: len(features[i].input_ids))
+        for start in range(0, len(order), batch_size):
+            indexes = order[start:start + batch_size]
+            outputs = self.runner(self.collate([features[i] for i in indexes]))
+            for row, index in enumerate(indexes):
+                results[index] = {name: value[row] for name, value in outputs.items()}
+        return results
+
+    def collate(self, features: Sequence[Feature]) -> Batch:
+        """Pad to the longest feature: int64 arrays (B, S), extra inputs padded with 0."""
+        batch = pad_inputs([f.input_ids for f in features], [f.token_type_ids for f in features],
+                           self.tokenizer.pad_token_id or 0)
+        for name in self.extra_input_names:
+            rows = [f.extra_inputs[name] for f in features]
+            batch[name] = pad_rows(rows, 0, width=max(1, max(len(row) for row in rows)))
+        return batch
+
+    def sample_batch(self, batch_size: int = 3, length: int = 13, seed: int = 0) -> Batch:
+        """Random inputs of this shape, every other row padded, segments A and B (ONNX export and
+        its parity check: the padded rows make the traced graph keep the attention mask)."""
+        rng = np.random.default_rng(seed)
+        low = min(999, self.config.vocab_size - 1)  # past the specials and [unused] tokens where there are many
+        features = []
+        for row in range(batch_size):
+            n = length if row % 2 == 0 else max(3, length // 2 + row)
+            n = min(n, length)
+            ids = [self.tokenizer.cls_token_id, *rng.integers(low, self.config.vocab_size, n - 2).tolist(),
+                   self.tokenizer.sep_token_id]
+            extra = {name: sorted(rng.choice(np.arange(1, n - 1), size=min(1 + row % 2, n - 2), replace=False).tolist())
+                     for name in self.extra_input_names}
+            features.append(Feature(row, ids, [0] * (n // 2) + [1] * (n - n // 2), extra))
+        return self.collate(features)
+
+    def __repr__(self) -> str:
+        source = self.model_dir if self.model_dir is not None else type(self.config).__name__
+        return f"{type(self).__name__}(task={self.task!r}, model={str(source)!r}, backend={self.backend!r})"
+
+
+__all__ = ["BASE_INPUTS", "MASK_TOKEN", "Feature", "Pipeline", "PipelineInputError", "check_texts", "windows"]
