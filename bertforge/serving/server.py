@@ -24,27 +24,24 @@ types, an empty text, an unknown option -> 422; all as `{"error": reason}`. No i
 Shutdown (SIGINT/SIGTERM) stops accepting connections and finishes the requests in flight before
 the process exits.
 
+The pieces: settings and errors (`server_settings`), metrics (`server_metrics`), micro-batching
+(`batching`); this module reads and checks requests and builds the app. Their names stay importable
+from here.
+
 Needs the `serve` extra: `pip install 'bertforge[serve]'` (starlette, uvicorn).
 """
 
 from __future__ import annotations
 
 import asyncio
-import bisect
-import collections
 import contextlib
 import json
 import logging
-import os
 import re
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Sequence
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -52,283 +49,14 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from starlette.routing import Route
 
 from ..modeling.pretrained import resolve_model_dir
-from .pipelines import PIPELINES, Pipeline, PipelineInputError, pipeline, resolve_task, task_for_checkpoint
+from .batching import MicroBatcher
+from .pipelines import (PIPELINES, Pipeline, PipelineInputError, pipeline, resolve_task,  # noqa: F401 (re-exported)
+                        task_for_checkpoint)
+from .server_metrics import (BATCH_BUCKETS, LATENCY_BUCKETS, Histogram, Metrics,  # noqa: F401 (re-exported)
+                             MetricsMiddleware, resident_memory_bytes)
+from .server_settings import ApiError, ServerSettings
 
 logger = logging.getLogger("bertforge.serve")
-
-
-@dataclass
-class ServerSettings:
-    """Batching and limits. `micro_batching=False` runs every request as its own forward pass."""
-
-    max_batch_size: int = 32  # inputs per forward pass
-    max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
-    micro_batching: bool = True
-    max_body_bytes: int = 1 << 20
-    max_texts: int = 64  # inputs per request
-    max_chars: int = 10_000  # characters per input text
-    body_timeout_s: float = 10.0  # to receive a request's whole body, however it trickles in
-    model: str = ""
-    backend: str = "torch"
-    dtype: str = "fp32"
-
-
-class ApiError(Exception):
-    """A request the server refuses: `status` and the one-line `reason` the client gets. `close`: end
-    the connection after answering (its body was not read to the end)."""
-
-    def __init__(self, status: int, reason: str, close: bool = False):
-        super().__init__(reason)
-        self.status, self.reason, self.close = status, reason, close
-
-
-# ---------------------------------------------------------------------------- metrics
-
-
-class Histogram:
-    def __init__(self, buckets: Sequence[float]):
-        self.buckets = list(buckets)
-        self.counts = [0] * (len(self.buckets) + 1)  # the last: above every bucket (+Inf only)
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.sum += value
-        self.count += 1
-
-    def render(self, name: str, labels: str = "") -> list[str]:
-        lines, cumulative = [], 0
-        prefix = labels + "," if labels else ""
-        for bound, count in zip(self.buckets, self.counts):
-            cumulative += count
-            lines.append(f'{name}_bucket{{{prefix}le="{bound:g}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{{prefix}le="+Inf"}} {self.count}')
-        suffix = f"{{{labels}}}" if labels else ""
-        lines += [f"{name}_sum{suffix} {self.sum:.6f}", f"{name}_count{suffix} {self.count}"]
-        return lines
-
-
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-
-
-def resident_memory_bytes() -> int | None:
-    """This process's resident set size, from /proc (Linux); None elsewhere."""
-    try:
-        with open("/proc/self/statm") as handle:
-            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class Metrics:
-    """Counters and histograms, updated on the event loop only (so without locks)."""
-
-    def __init__(self) -> None:
-        self.requests: collections.Counter[tuple[str, int]] = collections.Counter()
-        self.latency: dict[str, Histogram] = {}
-        self.batch_size = Histogram(BATCH_BUCKETS)
-        self.forward_seconds = Histogram(LATENCY_BUCKETS)
-        self.in_flight = 0
-
-    def record_request(self, route: str, status: int, seconds: float) -> None:
-        self.requests[(route, status)] += 1
-        self.latency.setdefault(route, Histogram(LATENCY_BUCKETS)).observe(seconds)
-
-    def render(self) -> str:
-        lines = ["# HELP bertforge_requests_total HTTP requests by route and status code.",
-                 "# TYPE bertforge_requests_total counter"]
-        for (route, status), count in sorted(self.requests.items()):
-            lines.append(f'bertforge_requests_total{{route="{route}",code="{status}"}} {count}')
-        lines += ["# HELP bertforge_request_duration_seconds Time from request to response.",
-                  "# TYPE bertforge_request_duration_seconds histogram"]
-        for route, histogram in sorted(self.latency.items()):
-            lines += histogram.render("bertforge_request_duration_seconds", f'route="{route}"')
-        lines += ["# HELP bertforge_batch_size Inputs per forward pass (after micro-batching).",
-                  "# TYPE bertforge_batch_size histogram", *self.batch_size.render("bertforge_batch_size"),
-                  "# HELP bertforge_forward_duration_seconds Time of one pipeline call on the model thread.",
-                  "# TYPE bertforge_forward_duration_seconds histogram",
-                  *self.forward_seconds.render("bertforge_forward_duration_seconds"),
-                  "# HELP bertforge_requests_in_flight Requests being handled now.",
-                  "# TYPE bertforge_requests_in_flight gauge", f"bertforge_requests_in_flight {self.in_flight}"]
-        rss = resident_memory_bytes()
-        if rss is not None:
-            lines += ["# HELP process_resident_memory_bytes Resident memory size in bytes.",
-                      "# TYPE process_resident_memory_bytes gauge", f"process_resident_memory_bytes {rss}"]
-        return "\n".join(lines) + "\n"
-
-
-class MetricsMiddleware:
-    """Counts every HTTP response by route (the pipeline name for /v1/..., else a known path or
-    "other": unknown paths must not create unbounded label values) and status code."""
-
-    KNOWN = {"/", "/health", "/metrics"}
-
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        path = scope.get("path", "")
-        if path.startswith("/v1/"):
-            name = path[len("/v1/"):]
-            route = name if name in PIPELINES else "unknown_pipeline"
-        else:
-            route = path if path in self.KNOWN else "other"
-        status = 500
-        start = time.perf_counter()
-
-        async def send_wrapper(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        self.metrics.in_flight += 1
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            self.metrics.in_flight -= 1
-            self.metrics.record_request(route, status, time.perf_counter() - start)
-
-
-# ---------------------------------------------------------------------------- micro-batching
-
-
-@dataclass
-class _Job:
-    task: str
-    key: tuple  # requests with equal keys may share a forward pass
-    inputs: dict[str, list[str]]  # request_inputs and optional inputs present
-    options: dict[str, Any]
-    size: int
-    future: asyncio.Future = field(repr=False)
-
-
-def _freeze(value: Any) -> Any:
-    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
-
-
-class MicroBatcher:
-    """Groups compatible requests that arrive close together into one pipeline call on one thread."""
-
-    def __init__(self, pipelines: dict[str, Pipeline], settings: ServerSettings, metrics: Metrics):
-        self.pipelines, self.settings, self.metrics = pipelines, settings, metrics
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-model")
-        self.queue: asyncio.Queue[_Job] | None = None
-        self.task: asyncio.Task | None = None
-        self.pending: collections.deque[_Job] = collections.deque()
-        self._busy = False  # a batch is on the model thread
-
-    async def start(self) -> None:
-        self.queue = asyncio.Queue()
-        self.task = asyncio.create_task(self._loop(), name="bertforge-batcher")
-
-    async def stop(self) -> None:
-        """Finish every queued job, then stop the collector and the model thread."""
-        if self.task is not None:
-            while self.queue.qsize() or self.pending or self._busy:
-                await asyncio.sleep(0.01)
-            self.task.cancel()
-            try:
-                await self.task
-            except asyncio.CancelledError:
-                pass
-        self.executor.shutdown(wait=True)
-
-    async def submit(self, task: str, inputs: dict[str, list[str]], options: dict[str, Any]) -> Any:
-        pipe = self.pipelines[task]
-        size = len(inputs[pipe.request_inputs[0]])
-        key = (task, tuple(sorted(inputs)), tuple(sorted((k, _freeze(v)) for k, v in options.items())))
-        future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(task, key, inputs, options, size, future))
-        return await future
-
-    async def _next_batch(self) -> list[_Job]:
-        first = self.pending.popleft() if self.pending else await self.queue.get()
-        batch, size = [first], first.size
-        if not self.settings.micro_batching:
-            return batch
-        limit = self.settings.max_batch_size
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.max_wait_ms / 1000
-        # Compatible jobs deferred earlier come first; then whatever arrives before the deadline.
-        for job in list(self.pending):
-            if size >= limit:
-                break
-            if job.key == first.key and size + job.size <= limit:
-                self.pending.remove(job)
-                batch.append(job)
-                size += job.size
-        while size < limit:
-            try:
-                job = self.queue.get_nowait()
-            except asyncio.QueueEmpty:
-                timeout = deadline - loop.time()
-                if timeout <= 0:
-                    break
-                try:
-                    job = await asyncio.wait_for(self.queue.get(), timeout)
-                except asyncio.TimeoutError:
-                    break
-            if job.key == first.key and size + job.size <= limit:
-                batch.append(job)
-                size += job.size
-            else:
-                self.pending.append(job)
-        return batch
-
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._next_batch()
-            self._busy = True
-            try:
-                start = time.perf_counter()
-                try:
-                    results = await loop.run_in_executor(self.executor, self._run_batch, batch)
-                except PipelineInputError:
-                    # One request's input broke the shared call (e.g. a [MASK] truncated away):
-                    # run each alone so that only that request fails.
-                    results = []
-                    for job in batch:
-                        try:
-                            results.append(await loop.run_in_executor(self.executor, self._run_batch, [job]))
-                        except Exception as error:  # noqa: BLE001 - handed to the request
-                            results.append(error)
-                    results = [r if isinstance(r, Exception) else r[0] for r in results]
-                except Exception as error:  # noqa: BLE001 - every request of the batch gets it
-                    logger.exception("pipeline %s failed", batch[0].task)
-                    results = [error] * len(batch)
-                self.metrics.forward_seconds.observe(time.perf_counter() - start)
-                self.metrics.batch_size.observe(sum(job.size for job in batch))
-                for job, result in zip(batch, results):
-                    if job.future.done():  # the client went away
-                        continue
-                    if isinstance(result, Exception):
-                        job.future.set_exception(result)
-                    else:
-                        job.future.set_result(result)
-            finally:
-                self._busy = False
-
-    def _run_batch(self, batch: list[_Job]) -> list[Any]:
-        """On the model thread: one pipeline call over the concatenated inputs, split back per job."""
-        first = batch[0]
-        pipe = self.pipelines[first.task]
-        merged = {name: [text for job in batch for text in job.inputs[name]] for name in first.inputs}
-        positional = [merged.pop(name) for name in pipe.request_inputs]
-        results = pipe(*positional, batch_size=self.settings.max_batch_size, **merged, **first.options)
-        out, start = [], 0
-        for job in batch:
-            part = results[start:start + job.size]
-            out.append(part.tolist() if isinstance(part, np.ndarray) else part)
-            start += job.size
-        return out
-
-
 # ---------------------------------------------------------------------------- request handling
 
 
@@ -559,7 +287,7 @@ def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1
           max_length: int | None = None, onnx_model: str | None = None, log_level: str = "info",
           graceful_timeout: float = 30.0, dtype: str | None = None) -> None:
     """Load the model (exiting non-zero with the reason if it cannot) and serve until SIGINT/SIGTERM."""
-    import uvicorn
+    import uvicorn  # optional extra
 
     settings = settings or ServerSettings()
     settings.model, settings.backend, settings.dtype = str(model), backend, dtype or "fp32"

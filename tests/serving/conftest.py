@@ -11,6 +11,7 @@ import torch
 from bertforge.modeling import (
     BertConfig,
     BertForMaskedLM,
+    BertForMultipleChoice,
     BertForQuestionAnswering,
     BertForSequenceClassification,
     BertForTokenClassification,
@@ -68,4 +69,6 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
         "answer": save_tiny(root / "answer", BertForQuestionAnswering),
         "answer-v2": save_tiny(root / "answer_v2", BertForQuestionAnswering, extra={"version_2_with_negative": True}),
         "embed": save_tiny(root / "embed", BertModel),
+        "multiple-choice": save_tiny(root / "choice", BertForMultipleChoice,
+                                     extra={"finetuning_task": "multiple-choice"}),
     }

@@ -12,7 +12,7 @@ from bertforge.cli import main  # noqa: E402
 from bertforge.serving import pipeline  # noqa: E402
 from bertforge.serving.onnx import OnnxParityError, OnnxRunner, export_onnx, parity  # noqa: E402
 
-TASKS = ["fill-mask", "classify", "tag", "answer", "embed"]
+TASKS = ["fill-mask", "classify", "tag", "answer", "embed", "multiple-choice"]
 
 
 @pytest.mark.parametrize("task", TASKS)

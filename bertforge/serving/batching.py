@@ -1,0 +1,161 @@
+"""Micro-batching for the server: requests that arrive close together share one pipeline call.
+
+A request's inputs join a queue; one collector takes whatever compatible requests (same pipeline and
+options) arrive within `max_wait_ms` of the first, up to `max_batch_size` inputs, and runs them as one
+pipeline call on the single model thread, so the event loop never runs the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .pipelines import Pipeline, PipelineInputError
+from .server_metrics import Metrics
+from .server_settings import ServerSettings
+
+logger = logging.getLogger("bertforge.serve")
+
+# ---------------------------------------------------------------------------- micro-batching
+
+
+@dataclass
+class _Job:
+    task: str
+    key: tuple  # requests with equal keys may share a forward pass
+    inputs: dict[str, list[str]]  # request_inputs and optional inputs present
+    options: dict[str, Any]
+    size: int
+    future: asyncio.Future = field(repr=False)
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
+
+
+class MicroBatcher:
+    """Groups compatible requests that arrive close together into one pipeline call on one thread."""
+
+    def __init__(self, pipelines: dict[str, Pipeline], settings: ServerSettings, metrics: Metrics):
+        self.pipelines, self.settings, self.metrics = pipelines, settings, metrics
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-model")
+        self.queue: asyncio.Queue[_Job] | None = None
+        self.task: asyncio.Task | None = None
+        self.pending: collections.deque[_Job] = collections.deque()
+        self._busy = False  # a batch is on the model thread
+
+    async def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._loop(), name="bertforge-batcher")
+
+    async def stop(self) -> None:
+        """Finish every queued job, then stop the collector and the model thread."""
+        if self.task is not None:
+            while self.queue.qsize() or self.pending or self._busy:
+                await asyncio.sleep(0.01)
+            self.task.cancel()
+            try:
+                await self.task
+            except asyncio.CancelledError:
+                pass
+        self.executor.shutdown(wait=True)
+
+    async def submit(self, task: str, inputs: dict[str, list[str]], options: dict[str, Any]) -> Any:
+        pipe = self.pipelines[task]
+        size = len(inputs[pipe.request_inputs[0]])
+        key = (task, tuple(sorted(inputs)), tuple(sorted((k, _freeze(v)) for k, v in options.items())))
+        future = asyncio.get_running_loop().create_future()
+        await self.queue.put(_Job(task, key, inputs, options, size, future))
+        return await future
+
+    async def _next_batch(self) -> list[_Job]:
+        first = self.pending.popleft() if self.pending else await self.queue.get()
+        batch, size = [first], first.size
+        if not self.settings.micro_batching:
+            return batch
+        limit = self.settings.max_batch_size
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.max_wait_ms / 1000
+        # Compatible jobs deferred earlier come first; then whatever arrives before the deadline.
+        for job in list(self.pending):
+            if size >= limit:
+                break
+            if job.key == first.key and size + job.size <= limit:
+                self.pending.remove(job)
+                batch.append(job)
+                size += job.size
+        while size < limit:
+            try:
+                job = self.queue.get_nowait()
+            except asyncio.QueueEmpty:
+                timeout = deadline - loop.time()
+                if timeout <= 0:
+                    break
+                try:
+                    job = await asyncio.wait_for(self.queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    break
+            if job.key == first.key and size + job.size <= limit:
+                batch.append(job)
+                size += job.size
+            else:
+                self.pending.append(job)
+        return batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._next_batch()
+            self._busy = True
+            try:
+                start = time.perf_counter()
+                try:
+                    results = await loop.run_in_executor(self.executor, self._run_batch, batch)
+                except PipelineInputError:
+                    # One request's input broke the shared call (e.g. a [MASK] truncated away):
+                    # run each alone so that only that request fails.
+                    results = []
+                    for job in batch:
+                        try:
+                            results.append(await loop.run_in_executor(self.executor, self._run_batch, [job]))
+                        except Exception as error:  # noqa: BLE001 - handed to the request
+                            results.append(error)
+                    results = [r if isinstance(r, Exception) else r[0] for r in results]
+                except Exception as error:  # noqa: BLE001 - every request of the batch gets it
+                    logger.exception("pipeline %s failed", batch[0].task)
+                    results = [error] * len(batch)
+                self.metrics.forward_seconds.observe(time.perf_counter() - start)
+                self.metrics.batch_size.observe(sum(job.size for job in batch))
+                for job, result in zip(batch, results):
+                    if job.future.done():  # the client went away
+                        continue
+                    if isinstance(result, Exception):
+                        job.future.set_exception(result)
+                    else:
+                        job.future.set_result(result)
+            finally:
+                self._busy = False
+
+    def _run_batch(self, batch: list[_Job]) -> list[Any]:
+        """On the model thread: one pipeline call over the concatenated inputs, split back per job."""
+        first = batch[0]
+        pipe = self.pipelines[first.task]
+        merged = {name: [text for job in batch for text in job.inputs[name]] for name in first.inputs}
+        positional = [merged.pop(name) for name in pipe.request_inputs]
+        results = pipe(*positional, batch_size=self.settings.max_batch_size, **merged, **first.options)
+        out, start = [], 0
+        for job in batch:
+            part = results[start:start + job.size]
+            out.append(part.tolist() if isinstance(part, np.ndarray) else part)
+            start += job.size
+        return out
+
+
+__all__ = ["MicroBatcher"]

@@ -1,0 +1,95 @@
+"""The task registry: one canonical name per task family, every name in use today as an alias, and
+the one resolver from a checkpoint to its task (head first, then `finetuning_task`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from torch import nn
+
+from bertforge.serving import PIPELINES, pipeline
+from bertforge.serving.pipelines import resolve_task
+from bertforge.serving.pipelines import task_for_checkpoint as serving_task_for_checkpoint
+from bertforge.tasks import registry
+from bertforge.tasks.registry import FAMILIES, TASKS, family_for_checkpoint, resolve, task_for_checkpoint
+
+# Names users and files carry today (CLI commands, pipeline names, finetuning_task values, Hugging
+# Face task names) -> the canonical family.
+TODAY = {
+    "classify": "classify", "text-classification": "classify", "sequence-classification": "classify",
+    "glue": "classify", "sst2": "classify", "SST-2": "classify", "mnli-m": "classify", "stsb": "classify",
+    "multiple-choice": "multiple-choice", "swag": "multiple-choice", "choice": "multiple-choice",
+    "answer": "answer", "squad": "answer", "squad_v2": "answer", "question-answering": "answer", "qa": "answer",
+    "tag": "tag", "ner": "tag", "token-classification": "tag", "tagging": "tag",
+    "embed": "embed", "extract-features": "embed", "feature-extraction": "embed", "embedding": "embed",
+    "fill-mask": "fill-mask", "fill_mask": "fill-mask", "mlm": "fill-mask",
+}
+
+
+@pytest.mark.parametrize("name, family", sorted(TODAY.items()))
+def test_every_name_in_use_resolves_to_its_family(name, family):
+    assert resolve(name).name == family
+    assert resolve_task(name) == family  # pipeline(), the server's routes and export-onnx accept it too
+
+
+def test_an_unknown_name_lists_the_canonical_ones():
+    with pytest.raises(ValueError, match="classify, multiple-choice, answer, tag, embed, fill-mask"):
+        resolve("summarize")
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        resolve_task("summarize")
+
+
+def test_each_family_is_declared_once_and_complete():
+    assert [f.name for f in FAMILIES] == list(TASKS)
+    seen: dict[str, str] = {}
+    for family in FAMILIES:
+        for name in family.names:
+            assert seen.setdefault(name, family.name) == family.name, f"{name} names two families"
+        assert issubclass(family.head, nn.Module) and family.architectures[0] == family.head.__name__
+        assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
+    for name in ("classify", "multiple-choice", "answer", "tag"):  # the fine-tuned families
+        family = TASKS[name]
+        assert family.reader and family.features and family.metrics and family.predictor and family.finetune
+
+
+def test_checkpoint_to_task_for_each_head(tiny_dirs):
+    expected = {"fill-mask": "fill-mask", "classify": "classify", "regression": "classify", "tag": "tag",
+                "answer": "answer", "answer-v2": "answer", "embed": "embed", "multiple-choice": "multiple-choice"}
+    for key, task in expected.items():
+        assert task_for_checkpoint(tiny_dirs[key]) == task, key
+        assert family_for_checkpoint(tiny_dirs[key]) is TASKS[task]
+    # One resolver: serving's name is the registry's function.
+    assert serving_task_for_checkpoint is registry.task_for_checkpoint
+
+
+def _rewrite_config(source, target, **changes):
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def test_finetuning_task_decides_when_the_architecture_does_not(tiny_dirs, tmp_path):
+    no_head = _rewrite_config(tiny_dirs["tag"], tmp_path / "ner", architectures=None, finetuning_task="ner")
+    assert task_for_checkpoint(no_head) == "tag"
+    glue = _rewrite_config(tiny_dirs["classify"], tmp_path / "sst2", architectures=["Unknown"], finetuning_task="sst2")
+    assert task_for_checkpoint(glue) == "classify"
+    bare = _rewrite_config(tiny_dirs["embed"], tmp_path / "bare", architectures=None)
+    assert task_for_checkpoint(bare) == "embed"
+    assert family_for_checkpoint(bare, default=None) is None
+    # The head wins over a finetuning_task that disagrees with it: the weights decide what can run.
+    mixed = _rewrite_config(tiny_dirs["answer"], tmp_path / "mixed", finetuning_task="ner")
+    assert task_for_checkpoint(mixed) == "answer"
+    assert type(pipeline(model=mixed)).__name__ == "AnswerPipeline"
+
+
+def test_a_checkpoint_without_config_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        task_for_checkpoint(tmp_path)
