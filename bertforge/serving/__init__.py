@@ -1,7 +1,9 @@
 """Inference: task pipelines (PyTorch or onnxruntime), ONNX export, and the HTTP server.
 
-The server (`bertforge.serving.server`) and ONNX (`bertforge.serving.onnx`) need optional extras,
-`serve` and `onnx`, and are imported only when used.
+The server (`bertforge.serving.server`) needs the `serve` extra and is imported only when used;
+ONNX export and the onnxruntime backend (`bertforge.serving.onnx`) import the `onnx` extra's
+packages only when called. Which pipeline serves which task comes from the task registry
+(`bertforge.tasks.registry`, bound to the classes in `bertforge.serving.registry`).
 """
 
 from .pipelines import (

@@ -32,6 +32,7 @@ from torch import nn
 
 from .._files import temporary_file
 from ..modeling import BertModel
+from ..modeling.modes import evaluating
 from .registry import PIPELINES, resolve_task, task_for_checkpoint
 from .runner import Batch
 
@@ -102,21 +103,19 @@ def _plain_path(model: nn.Module) -> Iterator[None]:
 
 
 def _export_to(pipe: ExportablePipeline, model: nn.Module, target, opset: int) -> None:
-    graph = pipe.build_graph(model).cpu().eval()
+    graph = pipe.build_graph(model).cpu()
     sample = pipe.sample_batch()
     inputs = tuple(torch.from_numpy(sample[name]) for name in pipe.input_names)
     dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in pipe.input_names}
     dynamic_axes.update({name: {0: "batch", 1: "masks"} for name in pipe.extra_input_names})
     dynamic_axes.update(pipe.output_axes)
-    training = model.training
-    with _plain_path(graph), warnings.catch_warnings():
+    with evaluating(graph), _plain_path(graph), warnings.catch_warnings():
         # Tracing warns about every Python-level branch on a tensor (all recorded as intended, see
         # the module docstring) and the exporter about its own deprecation.
         warnings.simplefilter("ignore")
         torch.onnx.export(graph, inputs, target, input_names=list(pipe.input_names),
                           output_names=list(pipe.output_names), dynamic_axes=dynamic_axes, opset_version=opset,
                           do_constant_folding=True, dynamo=False)
-    model.train(training)
 
 
 def _with_metadata(data: bytes, task: str) -> bytes:
