@@ -4,7 +4,8 @@
 
 Routes:
 - `POST /v1/<pipeline>`: `{"texts": [...]}` (classify/embed also `"text_pairs"`; answer takes
-  `"questions"` and `"contexts"`) plus the pipeline's options (`"top_k"`, `"pooling"`, ...) ->
+  `"questions"` and `"contexts"`; multiple-choice `"contexts"`, `"endings"` (a list of endings per
+  context) and optionally `"starts"`) plus the pipeline's options (`"top_k"`, `"pooling"`, ...) ->
   `{"pipeline": name, "results": [...]}`, one result per input.
 - `GET /health`: status, model, backend and the pipelines served.
 - `GET /metrics`: Prometheus text format: requests by pipeline and status code, request latency,
