@@ -19,6 +19,7 @@ The sequence layout and truncation follow Google's and Hugging Face's SWAG scrip
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import os
@@ -154,15 +155,16 @@ def write_swag_file(path: str | os.PathLike, examples: Sequence[ChoiceExample]) 
     path = Path(path)
     num_choices = len(examples[0].endings) if examples else 4
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow([""] + SWAG_COLUMNS + [f"ending{i}" for i in range(num_choices)] + ["label"])
-        for i, e in enumerate(examples):
-            if len(e.endings) != num_choices:
-                raise ValueError(f"example {e.guid}: {len(e.endings)} endings, expected {num_choices}")
-            startphrase = e.startphrase or (f"{e.context} {e.start}".strip())
-            writer.writerow([e.index or str(i), e.video_id, e.fold_ind, startphrase, e.context, e.start,
-                             e.gold_source, *e.endings, "" if e.label is None else e.label])
+    handle = io.StringIO()  # written whole, then renamed into place (write_text_atomic)
+    writer = csv.writer(handle)
+    writer.writerow([""] + SWAG_COLUMNS + [f"ending{i}" for i in range(num_choices)] + ["label"])
+    for i, e in enumerate(examples):
+        if len(e.endings) != num_choices:
+            raise ValueError(f"example {e.guid}: {len(e.endings)} endings, expected {num_choices}")
+        startphrase = e.startphrase or (f"{e.context} {e.start}".strip())
+        writer.writerow([e.index or str(i), e.video_id, e.fold_ind, startphrase, e.context, e.start,
+                         e.gold_source, *e.endings, "" if e.label is None else e.label])
+    write_text_atomic(path, handle.getvalue())
     return path
 
 
@@ -250,16 +252,17 @@ def write_choice_predictions(path: str | os.PathLike, examples: Sequence[ChoiceE
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     probabilities = _softmax(logits)
-    with open(path, "w", encoding="utf-8") as handle:
-        for example, probs in zip(examples, probabilities):
-            prediction = int(probs.argmax())
-            record = {"guid": example.guid, "index": example.index, "video_id": example.video_id,
-                      "context": example.context, "start": example.start, "endings": example.endings,
-                      "label": example.label, "prediction": prediction,
-                      "probabilities": [round(float(p), 6) for p in probs]}
-            if example.label is not None:
-                record["correct"] = prediction == example.label
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    lines = []
+    for example, probs in zip(examples, probabilities):
+        prediction = int(probs.argmax())
+        record = {"guid": example.guid, "index": example.index, "video_id": example.video_id,
+                  "context": example.context, "start": example.start, "endings": example.endings,
+                  "label": example.label, "prediction": prediction,
+                  "probabilities": [round(float(p), 6) for p in probs]}
+        if example.label is not None:
+            record["correct"] = prediction == example.label
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    write_text_atomic(path, "".join(lines))
     return path
 
 

@@ -324,17 +324,18 @@ def write_dev_predictions(path: str | os.PathLike, examples: Sequence[InputExamp
         raise ValueError(f"{len(examples)} examples but {len(predictions)} predictions")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        for i, (example, prediction) in enumerate(zip(examples, predictions)):
-            record = {"guid": example.guid, "text_a": example.text_a, "text_b": example.text_b,
-                      "label": example.label}
-            if label_list is None:
-                record["prediction"] = float(prediction)
-            else:
-                record["prediction"] = _label_string(prediction, label_list, f"prediction {i}")
-                if example.label is not None:
-                    record["correct"] = record["prediction"] == example.label
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    lines = []
+    for i, (example, prediction) in enumerate(zip(examples, predictions)):
+        record = {"guid": example.guid, "text_a": example.text_a, "text_b": example.text_b,
+                  "label": example.label}
+        if label_list is None:
+            record["prediction"] = float(prediction)
+        else:
+            record["prediction"] = _label_string(prediction, label_list, f"prediction {i}")
+            if example.label is not None:
+                record["correct"] = record["prediction"] == example.label
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    write_text_atomic(path, "".join(lines))
     return path
 
 
