@@ -36,7 +36,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 @pytest.fixture(scope="module")
 def page_url(tiny_dirs):
-    pipes = {task: pipeline(task, model=tiny_dirs[task]) for task in ("fill-mask", "tag", "answer", "classify", "embed")}
+    tasks = ("fill-mask", "tag", "answer", "classify", "embed", "multiple-choice")
+    pipes = {task: pipeline(task, model=tiny_dirs[task]) for task in tasks}
     with LiveServer(create_app(pipes, ServerSettings(model="tiny"))) as server:
         yield server.url
 
@@ -107,3 +108,13 @@ def test_classify_and_embed(browser_page):
     assert browser_page.locator("#output .label").inner_text() in ("negative", "positive")
     _run(browser_page, "embed", {"texts": "a good film\nbad\nthe story"})
     assert browser_page.locator("#output table tr").count() == 4
+
+
+def test_multiple_choice_shows_the_chosen_ending(browser_page):
+    endings = ["and walked into the room.", "and the door sang a song.", "and it was Tuesday."]
+    _run(browser_page, "multiple-choice", {"contexts": "She opened the door.", "endings": "\n".join(endings)})
+    assert browser_page.locator("#output .chosen").inner_text() in endings
+    rows = browser_page.locator("#output table tr")
+    assert rows.count() == 3  # one row per ending, with its probability
+    assert sum(float(rows.nth(i).locator("td").nth(2).inner_text().rstrip("%")) for i in range(3)) == \
+        pytest.approx(100.0, abs=0.2)
