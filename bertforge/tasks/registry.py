@@ -140,6 +140,7 @@ for _family in FAMILIES:
         ALIASES[_name] = _family.name
 for _name in glue.GLUE_TASKS:
     ALIASES.setdefault(_name, "classify")
+del _family, _name
 
 _ARCHITECTURES: dict[str, str] = {a: family.name for family in FAMILIES for a in family.architectures}
 
