@@ -1,6 +1,6 @@
 """The BERT encoder, its heads, and checkpoint I/O."""
 
-from .bert import BertModel, EncoderOutput
+from .bert import BertModel, EncoderOutput, use_unpadded
 from .config import PRESETS, BertConfig
 from .heads import (
     BertForMaskedLM,
@@ -22,5 +22,5 @@ __all__ = [
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
     "BertForMultipleChoice", "PreTrainingOutput", "TaskOutput", "QuestionAnsweringOutput",
     "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "require_trained_head",
-    "quantize_int8", "Int8Linear",
+    "quantize_int8", "Int8Linear", "use_unpadded",
 ]

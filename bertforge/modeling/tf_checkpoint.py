@@ -26,13 +26,15 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 from tqdm.auto import tqdm
+
+from .._files import atomic_path, write_text_atomic
 
 __all__ = ["convert_tf_checkpoint", "map_tf_name", "read_tf_checkpoint"]
 
@@ -489,18 +491,8 @@ def _some(names: list[str], shown: int = 5) -> str:
     return ", ".join(map(repr, names[:shown])) + (f" ... ({len(names)} in all)" if len(names) > shown else "")
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """write(temporary path) then rename over `path`: a reader never sees a half-written file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
 def _write_json(path: Path, content: dict) -> None:
-    _write_atomically(path, lambda tmp: tmp.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8"))
+    write_text_atomic(path, json.dumps(content, indent=2) + "\n")
 
 
 def convert_tf_checkpoint(
@@ -578,8 +570,10 @@ def convert_tf_checkpoint(
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomically(out / "model.safetensors", lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    with atomic_path(out / "model.safetensors", prefix=".model.") as temporary:
+        save_file(tensors, temporary, metadata={"format": "pt"})
     _write_json(out / "config.json", hf_config)
-    _write_atomically(out / "vocab.txt", lambda tmp: shutil.copyfile(vocab_path, tmp))
+    with atomic_path(out / "vocab.txt") as temporary:
+        shutil.copyfile(vocab_path, temporary)
     _write_json(out / "tokenizer_config.json", tokenizer_config)
     return out

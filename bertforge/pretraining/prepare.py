@@ -36,8 +36,13 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from .._files import write_text_atomic
+from ..tokenization import BertTokenizer
+from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
+from ..tokenization.vocab import CLS, MASK, PAD, SEP, VOCAB_NAME, vocab_fingerprint
+from .instances import tokenize_document, windowed_instances
 from .masking import mask_instance
 from .shards import (CONTINUATION_NAME, FIELDS, FORMAT, INDEX_NAME, MASK_FIELDS, MAX_SEQ_LENGTH_LIMIT, ShardWriter,
                      id_dtype, save_atomic, shard_file)
@@ -73,9 +78,6 @@ def _assign_files(files: Sequence[str], workers: int) -> list[list[str]]:
 
 def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
     """Make and write one worker's instances; returns its shards and statistics."""
-    from ..tokenization import BertTokenizer
-    from ..tokenization.vocab import CLS, MASK, PAD, SEP
-
     tokenizer = BertTokenizer(job["vocab_file"], do_lower_case=job["do_lower_case"])
     vocab = tokenizer.vocab
     cls_id, sep_id, mask_id, pad_id, unk_id = (vocab[CLS], vocab[SEP], vocab[MASK], vocab[PAD],
@@ -96,8 +98,6 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
     replaced_by_file: dict[str, int] = {}  # file -> bytes that were not UTF-8 (read as U+FFFD)
 
     def documents():
-        from .instances import tokenize_document
-
         for path in job["files"]:
             fmt = job["input_format"] if job["input_format"] != "auto" else detect_format(path)
             formats[fmt] += 1
@@ -125,8 +125,6 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
         stats["documents"] += 1
         stats["sentences"] += document.num_sentences
         stats["document_tokens"] += document.num_tokens
-
-    from .instances import windowed_instances
 
     P = job["max_predictions_per_seq"]
     for inst in windowed_instances(documents(), structure_rng, max_seq_length=job["max_seq_length"],
@@ -240,9 +238,6 @@ def _run_parallel(jobs: list[dict], bar) -> list[dict]:
 def _clear_outputs(directory: Path, vocab_file: Path) -> None:
     """Remove a previous run's index, shards and vocabulary files (only files of this format's naming;
     `_check_vocab_target` has made sure that a `vocab.txt` here is such a copy, unless it is `vocab_file`)."""
-    from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
-    from ..tokenization.vocab import VOCAB_NAME
-
     index = directory / INDEX_NAME
     if index.exists():
         index.unlink()
@@ -259,8 +254,6 @@ def _clear_outputs(directory: Path, vocab_file: Path) -> None:
 def _check_vocab_target(directory: Path, vocab_file: Path, fingerprint: str) -> None:
     """Refuse before any work to replace a `DIR/vocab.txt` that holds another vocabulary than `vocab_file`,
     unless it is the one a previous run wrote (its fingerprint is that run's index.json's `vocab_hash`)."""
-    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
-
     target = directory / VOCAB_NAME
     if not target.is_file() or target.samefile(vocab_file):
         return
@@ -283,9 +276,6 @@ def _check_vocab_target(directory: Path, vocab_file: Path, fingerprint: str) -> 
 
 def _write_tokenizer(directory: Path, vocab_file: Path, settings: dict) -> None:
     """DIR/vocab.txt (a verbatim copy, so that every id stays its line number) and DIR/tokenizer_config.json."""
-    from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
-    from ..tokenization.vocab import VOCAB_NAME
-
     target = directory / VOCAB_NAME
     if not (target.is_file() and target.samefile(vocab_file)):
         with open(vocab_file, encoding="utf-8", newline="") as source:  # newlines untranslated
@@ -335,11 +325,6 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     such file to its count (and `stats["replaced_bytes"]` totals them); `strict=True` instead refuses
     the first such byte (file, line, offset) before any work starts.
     """
-    from tqdm.auto import tqdm
-
-    from ..tokenization import BertTokenizer
-    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
-
     _validate(max_seq_length, max_predictions_per_seq, masked_lm_prob, short_seq_prob, dupe_factor, masking,
               input_format, workers, shard_size, buffer_documents, buffer_tokens)
     files = [str(f) for f in inputs]
@@ -408,8 +393,6 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     save_atomic(directory / CONTINUATION_NAME, continuation)
     _write_tokenizer(directory, vocab_path, tokenizer.settings())
 
-    from ..tokenization.vocab import CLS, MASK, PAD, SEP
-
     index = {
         "format": FORMAT,
         "max_seq_length": max_seq_length,
@@ -441,7 +424,5 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
         "continuation_file": CONTINUATION_NAME,
         "inputs": files,
     }
-    temporary = directory / (INDEX_NAME + ".part")
-    temporary.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-    os.replace(temporary, directory / INDEX_NAME)
+    write_text_atomic(directory / INDEX_NAME, json.dumps(index, indent=2) + "\n")
     return index

@@ -40,9 +40,11 @@ from torch import nn
 
 from .._files import default_mode, finish_run, mark_running
 from ..modeling import BertConfig, BertForPreTraining
-from ..modeling.config import PRESETS
+from ..modeling.config import CONFIG_NAME, PRESETS
 from ..modeling.heads import IGNORE_INDEX
 from ..modeling.pretrained import resolve_model_dir
+from ..tokenization import BertTokenizer
+from ..tokenization.vocab import VOCAB_NAME, load_vocab, vocab_fingerprint
 from ..training import Phase, Trainer, TrainingArguments
 from ..training.checkpoint import latest_checkpoint, seed_everything
 from ..training.distributed import setup
@@ -242,8 +244,6 @@ def _vocab_file(args: PretrainingArguments, data: PretrainingDataset, model_dir:
     Data prepared before the vocabulary was copied into it has no DATA/vocab.txt and needs --vocab (or
     --init-from the model whose vocabulary it was prepared with).
     """
-    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
-
     shipped = Path(args.data) / VOCAB_NAME
     if not args.vocab:
         if not shipped.is_file() and model_dir is not None and (model_dir / VOCAB_NAME).is_file():
@@ -267,8 +267,6 @@ def _vocab_file(args: PretrainingArguments, data: PretrainingDataset, model_dir:
 def init_config(model_dir: Path, config: str | None, objective: str, max_seq_length: int) -> BertConfig:
     """MODEL's config.json: the architecture continued pre-training keeps. A --config that names
     another architecture is an error; the data must fit MODEL's position embeddings."""
-    from ..modeling.config import CONFIG_NAME
-
     model_config = BertConfig.from_pretrained(model_dir)
     if config is not None:
         if config in PRESETS:  # (a preset takes the vocabulary size from the model's)
@@ -293,8 +291,6 @@ def check_init_vocabulary(model_dir: Path, vocab_file: Path, datasets: list[Pret
     size, every other id unchanged. Vocabularies are compared by `vocab_fingerprint`, the data by the
     fingerprint stored in its index. Raises ValueError naming the vocabulary to prepare the data with.
     """
-    from ..tokenization.vocab import load_vocab, vocab_fingerprint
-
     model_vocab_file = model_dir / "vocab.txt"
     if not model_vocab_file.is_file():
         raise FileNotFoundError(f"--init-from {model_dir} has no vocab.txt: the model's vocabulary is needed to "
@@ -331,8 +327,6 @@ def init_new_words(model: BertForPreTraining, model_dir: Path, new_words: dict[i
     """Start each new word's embedding row (and MLM output bias) as the mean of those of the pieces
     MODEL's tokenizer splits the word into, so it begins where MODEL already understood it; a word of
     unknown pieces keeps its random row. The MLM decoder, tied to the embeddings, follows."""
-    from ..tokenization import BertTokenizer
-
     if not new_words:
         return
     tokenizer = BertTokenizer.from_pretrained(model_dir)
@@ -376,9 +370,6 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
 
     `stop_at_step` ends the run early (with a checkpoint, no final model), as an interruption would.
     """
-    from ..tokenization import BertTokenizer
-    from ..tokenization.vocab import load_vocab, vocab_fingerprint
-
     if args.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {args.objective!r}")
     if (args.phase2_data is None) != (args.phase2_steps is None):

@@ -47,18 +47,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-import numpy as np
 import torch
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
-from ..modeling import BertModel
-from ..modeling.inference import DEFAULT_ROW_BUCKET
 from . import checkpoint as ckpt
 from .distributed import DistributedContext, configure_threads, setup
 from .memory import keep_freed_memory
 from .optim import build_optimizer
+from .order import DataPosition, StepPlan, epoch_permutation
 from .schedule import budget_schedule, linear_schedule
+from .window import MetricWindow, default_count, default_tokens
 
 logger = logging.getLogger("bertforge")
 
@@ -162,95 +168,6 @@ class TrainResult:
     budget_spent: bool = False  # stopped by max_minutes before the last step
 
 
-@dataclass
-class DataPosition:
-    phase: int = 0
-    epoch: int = 0
-    step_in_epoch: int = 0  # steps of this epoch already done
-
-
-def epoch_permutation(size: int, seed: int, epoch: int, phase: int = 0) -> torch.Tensor:
-    """The order of an epoch: a permutation from a generator seeded with (seed, epoch) (and the phase after the first)."""
-    entropy = [seed, epoch] if phase == 0 else [seed, epoch, phase]
-    generator = torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
-    return torch.randperm(size, generator=generator)
-
-
-class StepPlan:
-    """Which examples each process reads at each step of an epoch."""
-
-    def __init__(self, size: int, batch_size: int, grad_accum: int, world_size: int, rank: int, drop_last: bool):
-        if batch_size % world_size:
-            raise ValueError(f"batch size {batch_size} is not divisible by the {world_size} processes")
-        self.size, self.batch_size, self.grad_accum = size, batch_size, grad_accum
-        self.world_size, self.rank = world_size, rank
-        self.step_size = batch_size * grad_accum
-        usable = size - size % world_size  # an incomplete step still splits evenly over the processes
-        self.usable = (size // self.step_size) * self.step_size if drop_last else usable
-        self.steps_per_epoch = math.ceil(self.usable / self.step_size)
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"the dataset has {size} examples, fewer than one step of batch size "
-                             f"{batch_size} × grad accumulation {grad_accum}")
-
-    def micro_batches(self, order: torch.Tensor, step: int) -> list[list[int]]:
-        """This process's micro-batches (lists of dataset indices) of step `step` of the epoch."""
-        chunk = order[step * self.step_size: min((step + 1) * self.step_size, self.usable)].tolist()
-        micro = []
-        for start in range(0, len(chunk), self.batch_size):
-            part = chunk[start: start + self.batch_size]
-            share = len(part) // self.world_size
-            micro.append(part[self.rank * share: (self.rank + 1) * share])
-        return micro
-
-
-def default_count(batch: Batch) -> float:
-    return float(len(next(iter(batch.values()))))
-
-
-def default_tokens(batch: Batch) -> int:
-    if "attention_mask" in batch:
-        return int(batch["attention_mask"].sum())
-    if "input_ids" in batch:
-        return batch["input_ids"].numel()
-    return len(next(iter(batch.values())))
-
-
-class _Window:
-    """Sums over the steps since the last log: (numerator, denominator) per name, kept on the device."""
-
-    def __init__(self):
-        self.sums: dict[str, list] = {}
-
-    def add(self, name: str, numerator, denominator=1.0) -> None:
-        if isinstance(numerator, torch.Tensor):
-            numerator = numerator.detach().double()
-        if isinstance(denominator, torch.Tensor):
-            denominator = denominator.detach().double()
-        entry = self.sums.get(name)
-        if entry is None:
-            self.sums[name] = [numerator, denominator]
-        else:
-            entry[0] = entry[0] + numerator
-            entry[1] = entry[1] + denominator
-
-    def reduce(self, context: DistributedContext) -> dict[str, float]:
-        """Sum over processes, then divide: one transfer from the device for all names."""
-        if not self.sums:
-            return {}
-        names = sorted(self.sums)
-        values = torch.stack([torch.as_tensor(self.sums[n][i], dtype=torch.float64, device=context.device)
-                              for n in names for i in (0, 1)])
-        values = context.all_reduce_sum(values).tolist()
-        return {n: (values[2 * i] / values[2 * i + 1] if values[2 * i + 1] else float("nan"))
-                for i, n in enumerate(names)}
-
-    def state(self) -> dict[str, list[float]]:
-        return {n: [float(a), float(b)] for n, (a, b) in self.sums.items()}
-
-    def load(self, state: dict[str, list[float]]) -> None:
-        self.sums = {n: [float(a), float(b)] for n, (a, b) in state.items()}
-
-
 def _plain(value: Any) -> Any:
     """A setting as compared on resume: tuples as lists (a checkpoint stores lists)."""
     return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
@@ -260,23 +177,16 @@ def _show(value: Any) -> str:
     return "none" if value is None else (",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value))
 
 
-def _is_pair(value) -> bool:
-    return isinstance(value, (tuple, list)) and len(value) == 2
-
-
 def _bucket_packed_rows(model: nn.Module) -> None:
-    """Round the unpadded path's packed length up to a few sizes (`Packing`'s row_bucket) in every encoder.
+    """Let each submodule that knows how prepare itself for training on CPU (`prepare_cpu_training`: BERT
+    encoders round their packed lengths up to a few sizes, so that oneDNN meets few matrix shapes).
 
-    On CPU the matmuls of training run in oneDNN (fp32 too, not only under autocast), which builds and
-    caches a kernel for each matrix shape (up to ONEDNN_PRIMITIVE_CACHE_CAPACITY, 1,024 by default), and
-    unpadded batches have a new number of real tokens nearly every step: without buckets `mini` reached
-    3.5 GB in 1,000 fp32 steps (1.6 GB with them) and grew from 2.5 to 3.9 GB over 200 bf16 steps, 20%
-    slower; with them memory grows by under 0.1 GB after warm-up (BENCHMARKS.md). The filler rows attend
-    to nothing and are dropped, so losses and gradients are those of the exact packing.
+    The Trainer knows no model class: the model-specific part lives with the model (modeling/).
     """
     for module in model.modules():
-        if isinstance(module, BertModel) and module.unpad_row_bucket == 0:
-            module.unpad_row_bucket = DEFAULT_ROW_BUCKET
+        prepare = getattr(module, "prepare_cpu_training", None)
+        if callable(prepare):
+            prepare()
 
 
 class Trainer:
@@ -349,7 +259,7 @@ class Trainer:
 
         self.step = 0
         self.position = DataPosition()
-        self.window = _Window()
+        self.window = MetricWindow()
         self.first_bad_step = torch.full((), -1, dtype=torch.int64, device=self.device)
         self.last_checkpoint: Path | None = None
         # Checkpoints saved while the logged loss was finite and not exploding, (step, path), oldest first.
@@ -373,21 +283,15 @@ class Trainer:
             if not self.context.is_distributed:
                 logger.warning("fsdp without torchrun: one process, nothing to shard")
                 return model
-            from torch.distributed.fsdp import FullyShardedDataParallel
-            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-
-            from ..modeling.bert import TransformerLayer
-
             self._is_fsdp = True
-            # One FSDP unit per Transformer layer (gathered just for its forward and backward), the rest
-            # (embeddings tied to the MLM decoder, heads) in the root unit. use_orig_params: parameters
-            # keep their names (weight-decay groups) and the state_dict its layout.
-            layers = any(isinstance(m, TransformerLayer) for m in model.modules())
+            # One FSDP unit per module whose class sets `fsdp_unit` (BERT: each Transformer layer, gathered
+            # just for its forward and backward), the rest (embeddings tied to the MLM decoder, heads) in the
+            # root unit. use_orig_params: parameters keep their names (weight-decay groups) and the
+            # state_dict its layout.
+            units = {type(m) for m in model.modules() if getattr(type(m), "fsdp_unit", False)}
             return FullyShardedDataParallel(model, use_orig_params=True, device_id=self.device,
-                                            auto_wrap_policy=ModuleWrapPolicy({TransformerLayer}) if layers else None)
+                                            auto_wrap_policy=ModuleWrapPolicy(units) if units else None)
         if self.context.is_distributed:
-            from torch.nn.parallel import DistributedDataParallel
-
             return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
                                            find_unused_parameters=self.args.find_unused_parameters)
         return model
@@ -399,8 +303,6 @@ class Trainer:
         if self.args.precision != "fp16":
             return None
         if self._is_fsdp:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
             return ShardedGradScaler(self.device.type)
         return torch.amp.GradScaler(self.device.type)
 
@@ -507,7 +409,7 @@ class Trainer:
                     objective = term if objective is None else objective + term
                     self.window.add(name, value * count, count)
                 for name, value in metrics.items():
-                    self.window.add(name, *(value if _is_pair(value) else (value, 1.0)))
+                    self.window.add_metric(name, value)
                 if objective is not None:
                     step_loss = step_loss + objective.detach() / world
                     (self.scaler.scale(objective) if self.scaler else objective).backward()
@@ -586,7 +488,7 @@ class Trainer:
     def _log(self, tokens: float, elapsed: float, window_seconds: float) -> dict[str, Any]:
         """The log record of the window that ends at this step (reduced over the processes)."""
         values = self.window.reduce(self.context)
-        self.window = _Window()
+        self.window = MetricWindow()
         record: dict[str, Any] = {"step": self.step, "epoch": self.position.epoch}
         if len(self.phases) > 1:
             record["phase"] = self.position.phase + 1
@@ -626,7 +528,7 @@ class Trainer:
             # batches; one that has run out repeats its last and discards the result.
             rounds = math.ceil(math.ceil(len(self.eval_dataset) / context.world_size) / batch_size)
         model = self.model if self._is_fsdp else self.module  # DDP's forward would sync buffers
-        window = _Window()
+        window = MetricWindow()
         was_training = self.module.training
         self.module.eval()
         try:
@@ -648,7 +550,7 @@ class Trainer:
                     if index >= len(chunks):
                         continue
                     for name, value in metrics.items():
-                        window.add(name, *(value if _is_pair(value) else (value, 1.0)))
+                        window.add_metric(name, value)
         finally:
             self.module.train(was_training)
         return {f"eval_{name}": value for name, value in window.reduce(context).items()}
@@ -709,8 +611,6 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         """The full training state (gathered to every process; only the main one writes it)."""
         if self._is_fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
             # Gathered whole; on GPUs straight to CPU memory (offloading from CPU crashes in torch 2.13).
             model_state, optimizer_state = get_state_dict(self.model, self.optimizer, options=StateDictOptions(
                 full_state_dict=True, cpu_offload=self.device.type != "cpu"))
@@ -746,8 +646,6 @@ class Trainer:
         """
         if not self._is_fsdp:
             return self.module
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         state = get_model_state_dict(self.model, options=StateDictOptions(
             full_state_dict=True, cpu_offload=self.device.type != "cpu"))
         if not self.context.is_main:
@@ -830,8 +728,6 @@ class Trainer:
                 raise ValueError("the checkpoint's model config differs from this run's in " + ", ".join(
                     f"{k} ({saved.get(k)!r} there, {current.get(k)!r} here)" for k in differ))
         if self._is_fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
         else:
@@ -854,7 +750,7 @@ class Trainer:
         self.good_checkpoints = [(int(ckpt.checkpoint_step(p)), p) for p in ckpt.list_checkpoints(self.checkpoint_dir)
                                  if p.name in names and ckpt.checkpoint_step(p) <= self.step]
         self.train_seconds, self.run_seconds = float(state.get("train_seconds", 0.0)), 0.0
-        self.window = _Window()
+        self.window = MetricWindow()
         if self.context.world_size == state.get("world_size", 1):
             self.window.load(state.get("log_window", {}))
         rngs = state["rng"]
@@ -919,9 +815,6 @@ class Trainer:
             ckpt.seed_everything(args.seed + context.rank)
         end = self.total_steps if stop_at_step is None else min(stop_at_step, self.total_steps)
         context.barrier()
-
-        from tqdm.auto import tqdm
-
         bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True,
                    disable=not (args.progress and context.is_main))
         self.module.train()
