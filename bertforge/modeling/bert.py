@@ -10,6 +10,12 @@ tokens of a padded batch are packed into one (T, H) sequence, T = the number of 
 the embeddings and every dense layer, attention runs per example (`Packing`), and the result is
 scattered back to (B, S, H) at the end. T is often half of B·S on real text, and the dense layers
 are most of the work.
+
+This file holds the paper's layers, top to bottom, each with its padded and packed forward. The
+machinery of the fast paths lives beside it: packing.py (the unpadded path: `Packing`, row buckets,
+packed attention) and kernels.py (CPU inference: reused buffers, in-place updates, the oneDNN linear,
+the fused QKV storage). It is a little over 400 lines because the layers and `BertModel.forward`'s
+choice between the paths read best in one place.
 """
 
 from __future__ import annotations
@@ -21,8 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
-from .kernels import (_ONEDNN_LINEAR, Linear, Workspace, _autocasting, linear,  # noqa: F401 (re-exported)
-                      may_overwrite_output, onednn_linear_op, project)
+from .kernels import (_ONEDNN_LINEAR, Linear, Workspace, _autocasting, inplace_activation,  # noqa: F401
+                      linear, may_overwrite_output, onednn_linear_op, project, share_storage, stacked_parameter)
 from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size, packed_attention  # noqa: F401 (re-exported)
 from .pretrained import PreTrainedBert
 
@@ -33,18 +39,6 @@ def activation(name: str):
     if name in ("gelu_new", "gelu_pytorch_tanh"):
         return lambda x: F.gelu(x, approximate="tanh")
     return F.relu
-
-
-def inplace_activation(name: str):
-    """`activation(name)` overwriting its input (the same values, bit for bit), or None."""
-    gelu_ = getattr(torch._C._nn, "gelu_", None)
-    if name == "relu":
-        return F.relu_
-    if gelu_ is None:
-        return None
-    if name == "gelu":
-        return gelu_
-    return lambda x: gelu_(x, approximate="tanh")
 
 
 @dataclass
@@ -117,38 +111,13 @@ class MultiHeadSelfAttention(nn.Module):
         self._share_qkv_storage()
 
     def _share_qkv_storage(self) -> None:
-        """Lay the query, key and value weights (and biases) side by side in one tensor each.
-
-        The parameters stay three (same objects, names and checkpoint keys); only their memory is
-        adjacent, so that without autograd `_fused` reads the (3H, H) weight in place instead of
-        concatenating ~7 MB per layer and forward pass (BERT-base). In-place updates (loading,
-        optimizers, init) keep the layout; anything that re-allocates a parameter (`.to(dtype)`,
-        `param.data = ...`) just makes `_fused` fall back to concatenating.
-        """
-        with torch.no_grad():
-            for name in ("weight", "bias"):
-                params = [getattr(linear, name) for linear in (self.query, self.key, self.value)]
-                fused = torch.cat([param.detach() for param in params])
-                for param, part in zip(params, fused.split([p.shape[0] for p in params])):
-                    param.data = part
+        """Lay the query, key and value weights (and biases) side by side in memory (`kernels.share_storage`):
+        without autograd `_fused` then reads the (3H, H) weight in place instead of concatenating it."""
+        share_storage((self.query, self.key, self.value))
 
     def _fused(self, name: str) -> torch.Tensor:
         """The (3H, H) weight or (3H,) bias of the Q, K, V projections, stacked in that order."""
-        params = [getattr(linear, name) for linear in (self.query, self.key, self.value)]
-        if torch.is_grad_enabled() and any(param.requires_grad for param in params):
-            return torch.cat(params)  # autograd reaches each parameter
-        first = params[0]
-        size = first.numel() * first.element_size()
-        storage = first.untyped_storage().data_ptr()
-        adjacent = all(
-            param.is_contiguous() and param.shape == first.shape and param.dtype == first.dtype
-            and param.device == first.device and param.untyped_storage().data_ptr() == storage
-            and param.data_ptr() == first.data_ptr() + i * size
-            for i, param in enumerate(params)
-        )
-        if not adjacent:
-            return torch.cat(params)
-        return first.detach().as_strided((3 * first.shape[0], *first.shape[1:]), first.stride())
+        return stacked_parameter((self.query, self.key, self.value), name)
 
     def project_qkv(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
         """(..., H) -> (..., 3H): the query, key and value projections side by side."""

@@ -9,12 +9,14 @@ inference forward pass on CPU allocates little and touches fresh pages rarely.
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "Workspace", "linear", "may_overwrite_output", "onednn_linear_op", "project"]
+__all__ = ["Linear", "Workspace", "inplace_activation", "linear", "may_overwrite_output", "onednn_linear_op", "project",
+           "share_storage", "stacked_parameter"]
 
 _ONEDNN_LINEAR: list = []  # [op or None], decided on first use
 
@@ -126,3 +128,52 @@ def may_overwrite_output(*modules: nn.Module) -> bool:
         return False
     return not any(module._forward_hooks for module in modules)
 
+
+def inplace_activation(name: str):
+    """`activation(name)` overwriting its input (the same values, bit for bit), or None."""
+    gelu_ = getattr(torch._C._nn, "gelu_", None)
+    if name == "relu":
+        return F.relu_
+    if gelu_ is None:
+        return None
+    if name == "gelu":
+        return gelu_
+    return lambda x: gelu_(x, approximate="tanh")
+
+
+def share_storage(linears: Sequence[nn.Linear]) -> None:
+    """Lay the weights (and biases) of `linears` (the query, key and value projections) side by side in
+    one tensor each.
+
+    The parameters stay separate (same objects, names and checkpoint keys); only their memory is
+    adjacent, so that without autograd `stacked_parameter` reads the stacked weight in place instead of
+    concatenating it in every forward pass. In-place updates (loading, optimizers, init) keep the layout;
+    anything that re-allocates a parameter (`.to(dtype)`, `param.data = ...`) just makes
+    `stacked_parameter` fall back to concatenating.
+    """
+    with torch.no_grad():
+        for name in ("weight", "bias"):
+            params = [getattr(linear, name) for linear in linears]
+            fused = torch.cat([param.detach() for param in params])
+            for param, part in zip(params, fused.split([p.shape[0] for p in params])):
+                param.data = part
+
+
+def stacked_parameter(linears: Sequence[nn.Linear], name: str) -> torch.Tensor:
+    """The weights (or biases, `name`) of `linears` stacked in their order, e.g. Q, K, V: (3H, H) or (3H,).
+    A view of the shared storage (`share_storage`) without autograd when the layout allows, else a copy."""
+    params = [getattr(linear, name) for linear in linears]
+    if torch.is_grad_enabled() and any(param.requires_grad for param in params):
+        return torch.cat(params)  # autograd reaches each parameter
+    first = params[0]
+    size = first.numel() * first.element_size()
+    storage = first.untyped_storage().data_ptr()
+    adjacent = all(
+        param.is_contiguous() and param.shape == first.shape and param.dtype == first.dtype
+        and param.device == first.device and param.untyped_storage().data_ptr() == storage
+        and param.data_ptr() == first.data_ptr() + i * size
+        for i, param in enumerate(params)
+    )
+    if not adjacent:
+        return torch.cat(params)
+    return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())

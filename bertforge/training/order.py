@@ -11,13 +11,28 @@ alternative epoch order whose batches hold examples of similar lengths.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
-__all__ = ["DataPosition", "StepPlan", "epoch_permutation", "length_grouped_order"]
+__all__ = ["DataPosition", "Phase", "StepPlan", "epoch_permutation", "length_grouped_order", "training_steps"]
+
+
+@dataclass
+class Phase:
+    """A stretch of training on one dataset, e.g. BERT's 90% of steps at 128 tokens, then 10% at 512."""
+
+    dataset: Sequence
+    steps: int | None = None  # None: the remaining steps (or `epochs` passes)
+    batch_size: int | None = None  # default: TrainingArguments.batch_size
+    name: str = ""
+    # An epoch's example order, order_fn(seed, epoch) -> a permutation of range(len(dataset)); default
+    # a uniform shuffle. E.g. `length_grouped_order`: batches of similar lengths pad little.
+    order_fn: Callable[[int, int], Sequence[int]] | None = None
 
 
 @dataclass
@@ -93,3 +108,41 @@ def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int, epo
     if last is not None:
         batches.append(last)
     return [int(i) for batch in batches for i in batch]
+
+
+def training_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], phase_steps: Sequence[int],
+                   position: DataPosition, done: int, seed: int, collate: Callable[[list], Any], num_workers: int = 0,
+                   pin_memory: bool = False) -> Iterator[tuple[DataPosition, list[Any]]]:
+    """From `position` (after `done` steps) on: (the position after each step, this process's collated
+    micro-batches of that step), phase after phase, epoch after epoch, until each phase has had its
+    `phase_steps`. Each epoch's order is the phase's `order_fn(seed, epoch)` or `epoch_permutation`;
+    a dataset with `set_epoch` is told the epoch first."""
+    position = dataclasses.replace(position)
+    while position.phase < len(phases):
+        phase, plan = phases[position.phase], plans[position.phase]
+        phase_end = sum(phase_steps[: position.phase + 1])
+        if done >= phase_end:
+            position = DataPosition(position.phase + 1)
+            continue
+        if position.step_in_epoch >= plan.steps_per_epoch:
+            position = DataPosition(position.phase, position.epoch + 1)
+            continue
+        if hasattr(phase.dataset, "set_epoch"):
+            phase.dataset.set_epoch(position.epoch)
+        if phase.order_fn is not None:
+            order = torch.as_tensor(phase.order_fn(seed, position.epoch), dtype=torch.long)
+            if len(order) != plan.size:
+                raise ValueError(f"order_fn gave {len(order)} indices for a dataset of {plan.size}")
+        else:
+            order = epoch_permutation(plan.size, seed, position.epoch, position.phase)
+        last = min(plan.steps_per_epoch, position.step_in_epoch + phase_end - done)
+        steps = [plan.micro_batches(order, s) for s in range(position.step_in_epoch, last)]
+        loader = DataLoader(phase.dataset, batch_sampler=[m for step in steps for m in step],
+                            collate_fn=collate, num_workers=num_workers, pin_memory=pin_memory,
+                            generator=torch.Generator())  # never draws from the global RNG
+        batches = iter(loader)
+        for step in steps:
+            micro = [next(batches) for _ in step]
+            position = DataPosition(position.phase, position.epoch, position.step_in_epoch + 1)
+            done += 1
+            yield position, micro
