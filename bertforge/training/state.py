@@ -48,8 +48,6 @@ class NonFiniteLossError(RuntimeError):
     run diverged (training then resumes from it: `latest` points there)."""
 
 
-
-
 def _plain(value: Any) -> Any:
     """A setting as compared on resume: tuples as lists (a checkpoint stores lists)."""
     return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
