@@ -25,8 +25,8 @@ def onednn_linear_op():
     """torch's oneDNN float32 linear kernel (the one Inductor uses on CPU) if opted in, else None.
 
     Opt in with the environment variable BERTFORGE_ONEDNN_LINEAR=1 (read on first use). For BERT's
-    shapes on a CPU it is 10-35 % faster than the BLAS call behind `F.linear`, which is most of a
-    forward pass, but it rounds differently: hidden states drift from the BLAS results (and from
+    shapes on a CPU it is faster than the BLAS call behind `F.linear`, which is most of a forward
+    pass (BENCHMARKS.md), but it rounds differently: hidden states drift from the BLAS results (and from
     Hugging Face transformers) by up to ~1e-5 in the middle layers of all-MiniLM-L6-v2, so it is not
     the default. None also where this build of torch lacks the op or a probe disagrees with F.linear.
     """
@@ -78,7 +78,7 @@ class Workspace:
 
     Each layer's projections (QKV, the 4H expansion, the two H-wide outputs) are consumed within the
     layer, so one buffer of each shape serves all layers: a fresh allocation per layer costs a page
-    fault per 4 KiB on first touch, ~5 % of a BERT-base forward pass at batch 32. Buffers never
+    fault per 4 KiB on first touch, a visible share of a CPU forward pass. Buffers never
     escape the forward pass (LayerNorm writes the layer outputs to new tensors), and a workspace
     belongs to a single call, so concurrent calls do not share one.
     """
@@ -122,7 +122,7 @@ def may_overwrite_output(*modules: nn.Module) -> bool:
     (inference: `torch.no_grad()`/`inference_mode()`) and no forward hook can have kept a reference.
 
     Reusing the freshly allocated output of a Linear for the residual add and the activation saves
-    one large allocation each (and its page faults on first touch): ~5-10 % of a CPU forward pass.
+    one large allocation each (and its page faults on first touch).
     """
     if torch.is_grad_enabled() or nn.modules.module._global_forward_hooks or _autocasting():
         return False

@@ -65,7 +65,7 @@ _CRC32C_TABLE = _crc32c_table()
 def _masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     """LevelDB's masked CRC-32C (the mask keeps CRCs of data that embeds CRCs well distributed).
 
-    Pure Python, about 7 MB/s: fine for index blocks, too slow to run over a whole data file by default.
+    Pure Python: fine for index blocks, too slow to run over a whole data file by default.
     """
     crc = 0xFFFFFFFF
     table = _CRC32C_TABLE
@@ -292,7 +292,7 @@ def read_tf_checkpoint(ckpt_prefix: str | os.PathLike, verify_checksums: bool = 
     ckpt_prefix: `.../bert_model.ckpt` (the path without `.index`), its `.index` file, or a
     directory holding one checkpoint. Tensors keep their TF shape (dense kernels are [in, out]) and
     dtype (float32, float16, int32, int64), except bfloat16, returned as float32.
-    verify_checksums: also check each tensor's CRC-32C; pure Python, about 7 MB/s.
+    verify_checksums: also check each tensor's CRC-32C (pure Python, so slow on large checkpoints).
     Raises FileNotFoundError for a missing index or data file, ValueError for a corrupted one.
     """
     bundle = _Bundle(ckpt_prefix)
