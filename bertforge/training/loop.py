@@ -5,9 +5,12 @@ the `Trainer` owns everything else: data order, gradient accumulation, mixed pre
 AdamW and the linear schedule, logging, evaluation, checkpoints, exact resume and data parallelism.
 Its rooms: this file (set-up, the optimizer step, the loop), order.py (which examples each step and
 process reads), window.py (metrics summed between log lines), evaluation.py (evaluation and the best
-model), state.py (checkpoints, exact resume, divergence). The Trainer knows no model class: a module
-that needs preparing for CPU training says so (`prepare_cpu_training`), and one that FSDP should
-shard as a unit says so (`fsdp_unit`).
+model), state.py (checkpoints, exact resume, divergence), distributed.py (processes, DDP and FSDP
+wrapping). The Trainer knows no model class: a module that needs preparing for CPU training says so
+(`prepare_cpu_training`), and one that FSDP should shard as a unit says so (`fsdp_unit`).
+
+This file is over 400 lines only while `TrainingArguments` (50 lines) is defined here; it moves to
+settings.py, the one definition of each training setting.
 
 **Batches.** `batch_size` is the micro-batch of all processes together; each of the W processes of a
 `torchrun` job reads `batch_size / W` examples of it, and one optimizer step consumes
@@ -29,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -39,17 +41,15 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .distributed import DistributedContext, configure_threads, setup
+from .distributed import DistributedContext, configure_threads, grad_scaler, setup, wrap_model
 from .evaluation import Evaluation
 from .memory import keep_freed_memory
 from .optim import build_optimizer
-from .order import DataPosition, Phase, StepPlan, epoch_permutation, training_steps  # noqa: F401 (re-exported)
+from .order import (DataPosition, Phase, StepPlan, epoch_permutation, phase_steps,  # noqa: F401 (re-exported)
+                    training_steps)
 from .schedule import budget_schedule, linear_schedule
 from .state import EXPLODING_FACTOR, RESUME_SETTINGS, NonFiniteLossError, TrainingState  # noqa: F401 (re-exported)
 from .window import MetricWindow, default_count, default_tokens
@@ -229,50 +229,21 @@ class Trainer(TrainingState, Evaluation):
     # -- set-up -----------------------------------------------------------------------------------
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        self._is_fsdp = False
-        if self.args.fsdp:
-            if not self.context.is_distributed:
-                logger.warning("fsdp without torchrun: one process, nothing to shard")
-                return model
-            self._is_fsdp = True
-            # One FSDP unit per module whose class sets `fsdp_unit` (BERT: each Transformer layer, gathered
-            # just for its forward and backward), the rest (embeddings tied to the MLM decoder, heads) in the
-            # root unit. use_orig_params: parameters keep their names (weight-decay groups) and the
-            # state_dict its layout.
-            units = {type(m) for m in model.modules() if getattr(type(m), "fsdp_unit", False)}
-            return FullyShardedDataParallel(model, use_orig_params=True, device_id=self.device,
-                                            auto_wrap_policy=ModuleWrapPolicy(units) if units else None)
-        if self.context.is_distributed:
-            return DistributedDataParallel(model, device_ids=[self.device] if self.device.type == "cuda" else None,
-                                           find_unused_parameters=self.args.find_unused_parameters)
-        return model
+        if self.args.fsdp and not self.context.is_distributed:
+            logger.warning("fsdp without torchrun: one process, nothing to shard")
+        wrapped = wrap_model(model, self.context, fsdp=self.args.fsdp,
+                             find_unused_parameters=self.args.find_unused_parameters)
+        self._is_fsdp = isinstance(wrapped, FullyShardedDataParallel)
+        return wrapped
 
     def _default_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return build_optimizer(model, self.args.lr, self.args.weight_decay)
 
     def _grad_scaler(self):
-        if self.args.precision != "fp16":
-            return None
-        if self._is_fsdp:
-            return ShardedGradScaler(self.device.type)
-        return torch.amp.GradScaler(self.device.type)
+        return grad_scaler(self.args.precision, self.device, sharded=self._is_fsdp)
 
     def _phase_steps(self) -> list[int]:
-        args, steps = self.args, []
-        if args.max_steps is None and args.epochs is None and any(p.steps is None for p in self.phases):
-            raise ValueError("say how long to train: max_steps or epochs")
-        for index, (phase, plan) in enumerate(zip(self.phases, self.plans)):
-            if phase.steps is not None:
-                steps.append(phase.steps)
-                continue
-            remaining = None if args.max_steps is None else args.max_steps - sum(
-                p.steps or 0 for i, p in enumerate(self.phases) if i != index)
-            by_epochs = None if args.epochs is None else math.ceil(args.epochs * plan.steps_per_epoch)
-            count = min(x for x in (remaining, by_epochs) if x is not None)
-            if count < 1:
-                raise ValueError(f"phase {index + 1} gets {count} steps: max_steps ({args.max_steps}) leaves none")
-            steps.append(count)
-        return steps
+        return phase_steps(self.phases, self.plans, self.args.max_steps, self.args.epochs)
 
     # -- data -------------------------------------------------------------------------------------
 

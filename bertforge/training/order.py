@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-__all__ = ["DataPosition", "Phase", "StepPlan", "epoch_permutation", "length_grouped_order", "training_steps"]
+__all__ = ["DataPosition", "Phase", "StepPlan", "epoch_permutation", "length_grouped_order", "phase_steps",
+           "training_steps"]
 
 
 @dataclass
@@ -146,3 +147,24 @@ def training_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], phase_ste
             position = DataPosition(position.phase, position.epoch, position.step_in_epoch + 1)
             done += 1
             yield position, micro
+
+
+def phase_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], max_steps: int | None,
+                epochs: float | None) -> list[int]:
+    """The optimizer steps of each phase: its own `steps`, else what `max_steps` leaves of the total after
+    the other phases, or `epochs` passes over its data, whichever is fewer."""
+    if max_steps is None and epochs is None and any(p.steps is None for p in phases):
+        raise ValueError("say how long to train: max_steps or epochs")
+    steps = []
+    for index, (phase, plan) in enumerate(zip(phases, plans)):
+        if phase.steps is not None:
+            steps.append(phase.steps)
+            continue
+        remaining = None if max_steps is None else max_steps - sum(
+            p.steps or 0 for i, p in enumerate(phases) if i != index)
+        by_epochs = None if epochs is None else math.ceil(epochs * plan.steps_per_epoch)
+        count = min(x for x in (remaining, by_epochs) if x is not None)
+        if count < 1:
+            raise ValueError(f"phase {index + 1} gets {count} steps: max_steps ({max_steps}) leaves none")
+        steps.append(count)
+    return steps
