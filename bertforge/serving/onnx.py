@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._files import temporary_file
+from .._files import atomic_open
 from ..modeling import BertModel
 from ..modeling.modes import evaluating
 from .registry import PIPELINES, resolve_task, task_for_checkpoint
@@ -229,14 +229,8 @@ def export_onnx(model_dir: str | os.PathLike, output: str | os.PathLike | None, 
     if output is not None:
         path = Path(output)
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = temporary_file(path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:  # written whole under a temporary name, then renamed: never a half-written .onnx file
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-            os.replace(temporary, path)
-        finally:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
+        with atomic_open(path, "wb", prefix=f".{path.name}.") as out:  # never a half-written .onnx file
+            out.write(data)
     return ExportReport(path, task, worst, count, opset)
 
 

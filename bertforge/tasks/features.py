@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .._files import read_text, temporary_file
+from .._files import atomic_open, read_text
 from ..modeling import BertModel
 from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
@@ -96,19 +96,14 @@ def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     output_file = Path(output_file)
     output_file.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = temporary_file(output_file.parent, prefix=f".{output_file.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            features = layer_features(model, tokenizer, examples, layers, max_seq_length, batch_size, progress)
-            for line_index, (tokens, values) in enumerate(features):
-                values = np.round(values, 6)
-                record = {"linex_index": line_index, "features": [
-                    {"token": token, "layers": [{"index": layer, "values": values[j, t].tolist()}
-                                                for j, layer in enumerate(layers)]}
-                    for t, token in enumerate(tokens)]}
-                out.write(json.dumps(record) + "\n")
-        os.replace(temporary, output_file)  # never leave a half-written file under the final name
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    # Written under a temporary name and renamed when complete: never a half-written file under the final name.
+    with atomic_open(output_file, "w", encoding="utf-8", prefix=f".{output_file.name}.") as out:
+        features = layer_features(model, tokenizer, examples, layers, max_seq_length, batch_size, progress)
+        for line_index, (tokens, values) in enumerate(features):
+            values = np.round(values, 6)
+            record = {"linex_index": line_index, "features": [
+                {"token": token, "layers": [{"index": layer, "values": values[j, t].tolist()}
+                                            for j, layer in enumerate(layers)]}
+                for t, token in enumerate(tokens)]}
+            out.write(json.dumps(record) + "\n")
     return len(examples)
