@@ -1,6 +1,7 @@
 """The training engine shared by pre-training and every fine-tuning task.
 
-- `Trainer` / `TrainingArguments` / `Phase`: the loop (loop.py);
+- `Trainer` / `Phase`: the loop (loop.py);
+- `TrainingSettings`, `TrainingArguments`, `RunSettings`: every training setting, declared once (settings.py);
 - `build_optimizer`, `parameter_groups`: AdamW with BERT's weight-decay exclusions (optim.py);
 - `linear_schedule`, `budget_schedule`: linear warm-up and decay over the steps or a time budget (schedule.py);
 - `save_checkpoint`, `load_checkpoint`, `latest_checkpoint`: atomic training checkpoints (checkpoint.py).
@@ -8,12 +9,13 @@
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import DistributedContext
-from .loop import NonFiniteLossError, Phase, Trainer, TrainingArguments, TrainResult, epoch_permutation
+from .loop import NonFiniteLossError, Phase, Trainer, TrainResult, epoch_permutation
 from .optim import build_optimizer, parameter_groups
 from .schedule import budget_schedule, linear_schedule
+from .settings import RunSettings, TrainingArguments, TrainingSettings
 
 __all__ = [
-    "Trainer", "TrainingArguments", "Phase", "TrainResult", "NonFiniteLossError", "DistributedContext",
+    "Trainer", "TrainingArguments", "TrainingSettings", "RunSettings", "Phase", "TrainResult", "NonFiniteLossError", "DistributedContext",
     "build_optimizer", "parameter_groups", "linear_schedule", "budget_schedule", "save_checkpoint", "load_checkpoint",
     "latest_checkpoint", "epoch_permutation",
 ]
