@@ -167,23 +167,22 @@ def test_each_training_setting_is_declared_once():
     assert fields["lr"].default == 2e-5 and fields["lr"].metadata["help"] == "peak learning rate"
 
 
-def test_pipelines_are_named_by_pipeline_and_task_stays_an_alias():
-    serve = _parse("serve", "--model", "m", "--pipeline", "classify,tag", "--task", "embed")
-    assert serve.pipeline == ["classify,tag", "embed"]
-    assert _parse("export-onnx", "--model", "m", "--output", "x.onnx", "--task", "tag").pipeline == "tag"
-    assert _parse("export-onnx", "--model", "m", "--output", "x.onnx", "--pipeline", "tag").pipeline == "tag"
-    # --task, wherever it is a flag, names the fine-tuning task.
+def test_task_names_the_task_in_every_command():
+    assert _parse("serve", "--model", "m", "--task", "classify,tag", "--task", "embed").task == ["classify,tag", "embed"]
+    assert _parse("export-onnx", "--model", "m", "--output", "x.onnx", "--task", "tag").task == "tag"
     assert _parse("predict", "--model", "m", "--task", "mrpc").task == "mrpc"
     assert _parse(*FINETUNE_GLUE).task == "mrpc"
 
 
-def test_the_fine_tuning_task_comes_from_the_flag_or_the_model(tmp_path):
-    from bertforge.cli._common import fine_tuning_task
+def test_the_task_family_comes_from_the_flag_or_the_model(tmp_path):
+    from bertforge.cli._common import task_family
 
     (tmp_path / "config.json").write_text(json.dumps({"finetuning_task": "ner"}))
-    assert fine_tuning_task(None, str(tmp_path)) == "ner"
-    assert fine_tuning_task("mrpc", str(tmp_path)) == "mrpc"
-    assert fine_tuning_task(None, str(tmp_path / "missing")) is None
+    assert task_family(None, str(tmp_path)) == "tag"
+    assert task_family("squad_v2", str(tmp_path)) == "answer"
+    assert task_family("mrpc", str(tmp_path)) == "classify"  # a GLUE task
+    assert task_family("multiple-choice", str(tmp_path)) == "multiple-choice"
+    assert task_family(None, str(tmp_path / "missing")) is None
 
 
 def test_cli_imports_at_module_top_except_optional_extras():

@@ -29,13 +29,26 @@ def model_config(model_dir: str) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def fine_tuning_task(task: str | None, model_dir: str) -> str | None:
-    """The fine-tuning task a command works with: `--task` when given, else the one the model was
-    fine-tuned for (`finetuning_task` in its config.json; None when absent or unreadable).
+# The task families `predict` dispatches on, by every name that means them (the rest is classification:
+# classify or a GLUE task). Replaced by the task registry's resolver where it exists.
+_FAMILY_NAMES = {
+    "answer": ("answer", "squad", "squad_v2", "question-answering", "qa"),
+    "tag": ("tag", "ner", "token-classification", "tagging"),
+    "multiple-choice": ("multiple-choice", "multiple_choice", "choice", "swag"),
+}
 
-    The command line's one place that maps a checkpoint to its task.
+
+def task_family(task: str | None, model_dir: str) -> str | None:
+    """The family of the task a command works with: `--task` (a name or an alias) when given, else the
+    task the model was fine-tuned for (`finetuning_task` in its config.json); "classify" for any other
+    name, None when neither says.
+
+    The command line's one place that maps a task name or a checkpoint to its task family.
     """
-    return task or model_config(model_dir).get("finetuning_task")
+    task = task or model_config(model_dir).get("finetuning_task")
+    if task is None:
+        return None
+    return next((family for family, names in _FAMILY_NAMES.items() if task in names), "classify")
 
 
 def report_finetune(results: dict, output_dir: str) -> None:

@@ -12,10 +12,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("export-onnx", help="export a pipeline's graph to ONNX and check it against PyTorch")
     p.add_argument("--model", required=True, help="checkpoint directory")
     p.add_argument("--output", required=True, help="the .onnx file to write")
-    p.add_argument("--pipeline", help="fill-mask, classify, tag, answer or embed (default: the model's, from "
-                   "config.json)")
-    # `--task` was this flag's name: kept as an alias; --task names a fine-tuning task elsewhere.
-    p.add_argument("--task", dest="pipeline", help=argparse.SUPPRESS)
+    p.add_argument("--task", help="the task whose pipeline to export, by name or alias: classify, tag, answer, embed "
+                   "or fill-mask (default: the model's, from config.json)")
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference from PyTorch allowed")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
@@ -24,7 +22,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> None:
     try:
-        report = export_onnx(args.model, args.output, task=args.pipeline, opset=args.opset, check=not args.no_check,
+        report = export_onnx(args.model, args.output, task=args.task, opset=args.opset, check=not args.no_check,
                              atol=args.atol)
     except OnnxParityError as error:  # the export is wrong: say by how much, write nothing
         raise SystemExit(f"bertforge export-onnx: error: {error}") from None

@@ -70,8 +70,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("finetune", help="fine-tune on a task (GLUE, your own classification data, ...)")
     tasks = p.add_subparsers(dest="task_family", required=True, metavar="TASK")
     p = tasks.add_parser("glue", help="a GLUE task (paper defaults: batch 32, 3 epochs, lr 2e-5)")
-    p.add_argument("--task", required=True, help="the fine-tuning task, a GLUE task: cola, sst2, mrpc, stsb, qqp, "
-                   "mnli, qnli, rte or wnli")
+    p.add_argument("--task", required=True, help="the task, a GLUE task: cola, sst2, mrpc, stsb, qqp, mnli, qnli, "
+                   "rte or wnli (recorded as the model's finetuning_task)")
     p.add_argument("--data-dir", required=True, help="the GLUE root (holding MRPC/, ...) or the task's directory")
     p.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
     p.add_argument("--no-test-predictions", action="store_true", help="skip the submission file for test.tsv")

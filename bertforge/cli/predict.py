@@ -1,7 +1,7 @@
 """`bertforge predict`: a fine-tuned model's predictions for a file (or one SQuAD question).
 
-`--task` is the fine-tuning task, as everywhere on the command line (default: the one the model was
-fine-tuned for): it picks the reader and output format, a GLUE task name its labels.
+`--task` names the task, as everywhere on the command line (by its name or an alias; default: the one
+the model was fine-tuned for): it picks the reader and output format, a GLUE task name its labels.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ..tasks.choice import predict_choice_file
 from ..tasks.classification import predict_file
 from ..tasks.squad import SquadSettings, answer_questions, json_text, predict_squad_file
 from ..tasks.tagging import predict_conll
-from ._common import fine_tuning_task, model_config, ner_summary, squad_flags
+from ._common import model_config, ner_summary, squad_flags, task_family
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -23,8 +23,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="a `bertforge finetune` output directory")
     p.add_argument("--input", help="GLUE test.tsv (or dev-shaped), or CSV/TSV/JSONL with text; SQuAD JSON; SWAG CSV")
     p.add_argument("--output", help="TSV: index, prediction (GLUE submission format); SQuAD: predictions JSON")
-    p.add_argument("--task", help="the fine-tuning task: a GLUE task (mrpc, ...), classify, squad, squad_v2, ner or "
-                   "multiple-choice (default: the model's, finetuning_task in config.json)")
+    p.add_argument("--task", help="the task, by name or alias: classify or a GLUE task (mrpc, ...: its labels and "
+                   "submission format), answer or squad, tag or ner, multiple-choice (default: the model's, "
+                   "finetuning_task in config.json)")
     p.add_argument("--max-seq-length", type=int, help="default 128; SQuAD: the model's (384)")
     p.add_argument("--question", help="SQuAD model: answer this question (with --context), printed as JSON")
     p.add_argument("--context", help="SQuAD model: the passage holding the answer")
@@ -48,14 +49,14 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    task = fine_tuning_task(args.task, args.model)
-    if task in ("squad", "squad_v2") or args.question is not None:
+    family = task_family(args.task, args.model)
+    if family == "answer" or args.question is not None:
         run_squad(args)
         return
     if not args.input or not args.output:
         raise ValueError("--input and --output are required (or --question and --context for a SQuAD model)")
     check_output(args.output, [args.input], args.overwrite)
-    if task == "ner":
+    if family == "tag":
         path, metrics = predict_conll(args.model, args.input, args.output, document_context=args.document_context,
                                       max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                                       dtype=args.dtype)
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> None:
         return
     if args.max_seq_length is None:  # 128, or fewer for a model with fewer positions
         args.max_seq_length = min(128, model_positions(args.model) or 128)
-    if task == "multiple-choice":
+    if family == "multiple-choice":
         path = predict_choice_file(args.model, args.input, args.output, max_seq_length=args.max_seq_length,
                                    batch_size=args.batch_size, dtype=args.dtype)
         print(f"wrote {path}")

@@ -11,10 +11,9 @@ import torch
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("serve", help="HTTP server: JSON API with micro-batching, metrics and a test page")
     p.add_argument("--model", required=True, help="checkpoint directory")
-    p.add_argument("--pipeline", action="append", help="pipeline(s) to serve, repeatable or comma-separated "
-                   "(default: the model's, from config.json)")
-    # `--task` was this flag's name: kept as an alias; --task names a fine-tuning task elsewhere.
-    p.add_argument("--task", action="append", dest="pipeline", help=argparse.SUPPRESS)
+    p.add_argument("--task", action="append", help="task(s) to serve, by name or alias (classify, tag or ner, answer "
+                   "or squad, embed, fill-mask, ...), repeatable or comma-separated (default: the model's, from "
+                   "config.json)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--backend", choices=("torch", "onnx"), default="torch")
@@ -53,12 +52,12 @@ def run(args: argparse.Namespace) -> None:
     require_serve_extra()
     from ..serving.server import ServerSettings, serve  # optional extra
 
-    pipelines = [t for value in args.pipeline or [] for t in value.split(",") if t]
+    tasks = [t for value in args.task or [] for t in value.split(",") if t]
     settings = ServerSettings(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
                               max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout)
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
-    serve(args.model, pipelines or None, host=args.host, port=args.port, settings=settings, backend=args.backend,
+    serve(args.model, tasks or None, host=args.host, port=args.port, settings=settings, backend=args.backend,
           device=args.device, max_length=args.max_length, onnx_model=args.onnx_model, log_level=args.log_level,
           graceful_timeout=args.graceful_timeout, dtype=args.dtype)
