@@ -13,7 +13,8 @@
 Each field carries its command-line help in `metadata` (and, where the flag differs from the field's
 name and type, its spelling: `flag`, `metavar`, `nargs`, `const`, `action`, `choices`), so that the CLI
 generates its flags from the fields (`bertforge.cli.flags`). `help` is argparse text (`%%` for a percent
-sign) and describes the flag as spelled: a field whose default is True is the flag `--no-NAME`.
+sign) and describes the flag as spelled: a field whose default is True is the flag `--no-NAME`, one marked
+`negatable` the pair `--NAME/--no-NAME`.
 """
 
 from __future__ import annotations
