@@ -13,7 +13,8 @@ from ..tasks.feature_based import feature_ner_task
 from ..tasks.glue import get_task, glue_task, glue_task_dir
 from ..tasks.squad import SquadSettings, squad_task
 from ..tasks.tagging import ner_task, predict_conll
-from ..training.finetune import FinetuneArguments, finetune_grid
+from ..training import finetune as engine  # engine.finetune_grid: looked up per run, so a test can stand in for it
+from ..training.finetune import FinetuneArguments
 from ._common import ner_summary, report_finetune, squad_flags
 from .flags import add_settings_flags, settings_from_args
 
@@ -153,7 +154,7 @@ def run_glue(args: argparse.Namespace) -> None:
     task = glue_task(spec, args.data_dir, args.model, max_seq_length=args.max_seq_length,
                      eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples,
                      long_input=args.long_input, window_stride=args.doc_stride)
-    results = finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)
     for split in spec.test_splits:  # the GLUE server's files, from the best model
         test = glue_task_dir(spec, args.data_dir) / spec.split(split).file
@@ -168,7 +169,7 @@ def run_classify(args: argparse.Namespace) -> None:
     task = classify_task(args.model, args.train_file, args.dev_file, regression=args.regression,
                          max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
                          long_input=args.long_input, window_stride=args.doc_stride)
-    results = finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)
     if args.test_file:
         path = predict_file(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
@@ -180,7 +181,7 @@ def run_classify(args: argparse.Namespace) -> None:
 def run_multiple_choice(args: argparse.Namespace) -> None:
     task = multiple_choice_task(args.model, args.train_file, args.dev_file, max_seq_length=args.max_seq_length,
                                 eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
-    results = finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)
     if args.test_file:
         path = predict_choice_file(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
@@ -202,7 +203,7 @@ def run_squad(args: argparse.Namespace) -> None:
     task = squad_task(args.model, args.train_file, args.dev_file, version=args.version,
                       settings=SquadSettings(**squad_flags(args)), tune_threshold=args.tune_threshold,
                       eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
-    results = finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)
     print(f"predictions.json, nbest_predictions.json{', null_odds.json' if args.version == '2.0' else ''} and the "
           f"official script's results (percent) in {args.output_dir}/squad_eval.json")
@@ -224,7 +225,7 @@ def run_ner(args: argparse.Namespace) -> None:
         task = ner_task(args.model, args.train_file, args.dev_file, document_context=args.document_context,
                         max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
                         max_train_examples=args.max_train_examples)
-    results = finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)
     if args.test_file:
         path, metrics = predict_conll(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.txt",
