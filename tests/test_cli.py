@@ -168,7 +168,8 @@ def test_each_training_setting_is_declared_once():
 
 
 def test_task_names_the_task_in_every_command():
-    assert _parse("serve", "--model", "m", "--task", "classify,tag", "--task", "embed").task == ["classify,tag", "embed"]
+    serve = _parse("serve", "--model", "m", "--task", "classify,tag", "--task", "embed")
+    assert serve.task == ["classify,tag", "embed"]
     assert _parse("export-onnx", "--model", "m", "--output", "x.onnx", "--task", "tag").task == "tag"
     assert _parse("predict", "--model", "m", "--task", "mrpc").task == "mrpc"
     assert _parse(*FINETUNE_GLUE).task == "mrpc"
