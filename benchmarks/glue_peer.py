@@ -97,7 +97,7 @@ def run_seed(args, seed: int) -> dict:
 
     if args.save_steps:
         trainer.add_callback(SaveAfterEpochEvaluation)
-    # A seed cut off mid-run (a session's end) continues from its last checkpoint: the Trainer restores
+    # A seed cut off mid-run (the process stopped) continues from its last checkpoint: the Trainer restores
     # the optimizer, schedule, RNG states and log history, and skips the batches already seen. It writes
     # trainer_state.json last, so a checkpoint without it was cut off while being written.
     complete = [c for c in output_dir.glob("checkpoint-*") if (c / "trainer_state.json").exists()]

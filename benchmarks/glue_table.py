@@ -9,7 +9,7 @@
         runs/peer-lr4e-5.json runs/peer-lr4e-5-more-seeds.json                                  # pooled seeds
 
     python benchmarks/glue_table.py runs/ours-sst2/summary.json \
-        --also-ours-run 2e-5 42 docs/results/glue_sst2/bertforge_seed42_session13.json ...    # a kept run's file
+        --also-ours-run 2e-5 42 docs/results/glue_sst2/bertforge_lr2e-5_seed42.json ...    # a kept run's file
 
 Prints markdown tables: with a grid, the main metric's mean ± std per learning rate on each side;
 then, at each side's best learning rate (by mean main dev metric, as `--lr-grid` picks it), mean ±

@@ -17,25 +17,25 @@ H hidden):
   that attend to nothing and are dropped, so the matmuls see few distinct shapes. Real workloads (a
   server's micro-batches, one pass over a file) have a new T nearly every batch, and oneDNN, which
   runs the bf16 and int8 matmuls on CPU, builds and caches a kernel per shape: on such batches
-  buckets made int8 ~1.3x and bf16 ~1.4x faster and cut their memory by a third to a half
-  (BENCHMARKS.md, session 10). In fp32 the matmuls are MKL's, but the GELU is oneDNN's, per shape
+  buckets make int8 and bf16 faster and keep their memory bounded (see BENCHMARKS.md,
+  "Inference on batches whose shapes never repeat"). In fp32 the matmuls are MKL's, but the GELU is oneDNN's, per shape
   too, so fp32 is bucketed as well (a server's memory otherwise grows with every new T). With
   buckets a batch without padding is packed as well, and in bf16/fp16 each example's attention runs
   at a bucketed length (masked). Outputs are unchanged (the filler rows are never read).
 - `dtype="bf16"`: weights and activations in bfloat16; on a CPU with AVX-512 BF16 or AMX the
-  matmuls run at about twice the float32 rate. Outputs are bfloat16 (~3 significant digits).
+  matmuls run faster than in float32 (BENCHMARKS.md, "Inference on real-length batches"). Outputs are bfloat16 (~3 significant digits).
 - `dtype="fp16"` / `"bf16"` on a GPU: half-precision weights for the tensor cores.
 - `dtype="int8"` (CPU): dynamic quantization of the encoder's linear layers (`Int8Linear`): int8
   weights per output channel, activations quantized per call from their range, int32 accumulation,
   float32 out. The task head's own small layer, the embeddings, LayerNorm and attention stay float32.
   `quantized_engine` picks whose int8 kernels run: by default oneDNN's on CPUs with AMX int8 units
-  (recent Xeons), where they are ~1.3x faster than FBGEMM's, torch's default ("x86"), used elsewhere.
+  (recent Xeons), where they are faster than FBGEMM's, torch's default ("x86"), used elsewhere.
 - `compile=True`: `torch.compile` of the per-token parts of each layer (feed-forward and the two
   Add & Norm blocks, with dynamic shapes so that every T reuses one graph), fusing bias, GELU,
-  residual add and LayerNorm. Off by default because it did not help where measured: on one thread
-  of a shared 2-core AVX-512 CPU (MiniLM, unpadded SST-2 batches of 32) fp32 ran at the eager speed
-  (~150 seq/s both) and bf16 ~5 % slower, after 6-17 s of compilation. The matmuls, which Inductor
-  leaves to the same BLAS/oneDNN kernels, are ~85 % of the time. It may pay off on GPUs.
+  residual add and LayerNorm. Off by default because it did not help where measured on a CPU
+  (MiniLM, unpadded SST-2 batches): fp32 ran at the eager speed and bf16 slower, after seconds of
+  compilation, because the matmuls, which Inductor leaves to the same BLAS/oneDNN kernels, take
+  most of the time. It may pay off on GPUs.
 
 The model is changed in place and is meant for inference only (eval mode, no training). An int8
 model's `state_dict()` lacks the quantized weights (they live in packed kernel objects) and compile
@@ -159,8 +159,8 @@ def cpu_has_vnni() -> bool:
 
 def default_quantized_engine() -> str:
     """The engine `Int8Linear` packs for when none is named: "onednn" on CPUs with AMX int8 units
-    (oneDNN drives them; on a 2-core Xeon with AMX, MiniLM int8 ran 2.33-2.48x fp32 with it against
-    1.82-1.84x with FBGEMM, BENCHMARKS.md), else torch's current `torch.backends.quantized.engine`."""
+    (oneDNN drives them, faster there than FBGEMM; see BENCHMARKS.md, "Inference on real-length
+    batches"), else torch's current `torch.backends.quantized.engine`."""
     if "amx_int8" in _cpu_flags() and "onednn" in torch.backends.quantized.supported_engines:
         return "onednn"
     return torch.backends.quantized.engine

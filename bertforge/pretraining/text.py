@@ -28,28 +28,24 @@ Three input formats, chosen per file (`--input-format`, default `auto`):
   29 % of its lines ending a sentence). Force the format when your files defeat the heuristic.
 
 Sentence splitting: `blingfire` (Microsoft's finite-state-machine NLP library; the C++ engine is
-inside the wheel, called through ctypes). Candidates compared on the 45 books (33.6 M characters,
-107 k paragraphs, one call per paragraph, one core; a sample of 5,000 paragraphs for quality):
+inside the wheel, called through ctypes), chosen over the candidates compared on the 45 books (one call
+per paragraph, one core; a sample of paragraphs for the quality of the boundaries):
 
-    splitter              books   MB/s   sentences (sample)   ends at Mr./Dr./St...   text in "sentences" > 600 chars
-    blingfire 0.1.8        4.3 s   7.8       22,732            45 (0.2 %)                 1.4 %
-    sentencex 1.0.32       1.4 s  23.9       18,349            11                         7.0 %
-    syntok 1.4.4            53 s   0.63      22,601             6                         1.4 %
-    nltk punkt, untrained   16 s   2.1       23,905           740                           -
-    pysbd 0.3.4            276 s   0.12       15,280            11                           -
+    splitter               speed                      boundaries
+    blingfire              fast (native code)         dialogue split correctly, most abbreviations kept
+    sentencex              fastest                    never splits inside quotation marks
+    syntok                 slow (pure Python)         the best
+    nltk punkt, untrained  middling                   a sentence ends at every "Mr."
+    pysbd                  slowest (pure Python)      few abbreviation errors; minutes for the books
 
-(books: extrapolated from a 10 %/20 %/5 % share for syntok/punkt/pysbd; measured twice with the
-machine shared, load ~3 on 2 cores, so absolute times are pessimistic; the ratios held.)
-pysbd (pure-Python regex cascades) would take 4-5 minutes for the books alone. nltk's punkt needs
-the pre-trained `punkt_tab` model, which no PyPI package ships reliably (the `nltk-punkt` package
-downloads it at install time); untrained it ends a sentence at every "Mr.". sentencex is fast and
-maintained but never splits inside quotation marks, so a novel's multi-sentence speeches become
-single "sentences" of hundreds of tokens (7 % of the text in units longer than a whole 128-token
-instance, which truncation then cuts). syntok has the best boundaries but is pure Python, 12x
-slower than blingfire. blingfire splits dialogue correctly and keeps most abbreviations, at the
-cost of an occasional "Mr. | Cassius" split (a harmless extra boundary for BERT's segments).
+nltk's punkt needs the pre-trained `punkt_tab` model, which no PyPI package ships reliably (the
+`nltk-punkt` package downloads it at install time). sentencex is fast and maintained, but a novel's
+multi-sentence speeches become single "sentences" longer than a whole 128-token instance, which
+truncation then cuts. syntok has the best boundaries but is pure Python, an order of magnitude slower
+than blingfire. blingfire splits dialogue correctly and keeps most abbreviations, at the cost of an
+occasional "Mr. | Cassius" split (a harmless extra boundary for BERT's segments).
 Caveats: its wheel is `py3-none-any` with x86-64 binaries only (Linux, Windows, Intel macOS), and
-it installs ~100 MB (mostly tokenizer models this module does not use).
+it installs tokenizer models this module does not use.
 """
 
 from __future__ import annotations

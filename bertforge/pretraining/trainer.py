@@ -76,10 +76,10 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
 class MaskedLMStep:
     """Masked LM (+ NSP): the paper's objective, or MLM only (`nsp=False`).
 
-    `unpad=True`: the encoder computes only the real tokens of each instance (about 5% of a 128-token
-    batch of book text is padding: the `short_seq_prob` targets leave some); the losses are the
-    padded path's to rounding (tests/modeling/test_inference_paths.py), and a base-size step is
-    7.6% faster on CPU (BENCHMARKS.md). `unpad=False` keeps the padded path.
+    `unpad=True`: the encoder computes only the real tokens of each instance (the `short_seq_prob`
+    targets leave some padding in a batch); the losses are the padded path's to rounding
+    (tests/modeling/test_inference_paths.py), and a step costs less on CPU (see BENCHMARKS.md,
+    "Pre-training step"). `unpad=False` keeps the padded path.
     """
 
     def __init__(self, nsp: bool = True, unpad: bool = True):

@@ -1,4 +1,4 @@
-"""The training loop every bertforge task shares: pre-training now, fine-tuning tasks later.
+"""The training loop every bertforge task shares: pre-training and every fine-tuning task.
 
 A task supplies a map-style dataset, its `collate`, and a `step_fn(model, batch) -> (loss, metrics)`;
 the `Trainer` owns everything else: data order, gradient accumulation, mixed precision, clipping,

@@ -4,8 +4,8 @@ A training step on CPU allocates and frees the same large tensors every step: ac
 10+ MB, and at base size a 94 MB gradient for the word embeddings (written twice: by the MLM
 decoder it is tied to and by the lookup). glibc's malloc serves blocks above its mmap threshold
 with fresh pages from the kernel and unmaps them on `free`, so every step pays the page faults of
-zero-filling the same memory again: 8-10% of a base-size pre-training step on 2 cores
-(BENCHMARKS.md). Serving everything from malloc's heap and never trimming it keeps those pages;
+zero-filling the same memory again, a visible share of a base-size step (see BENCHMARKS.md,
+"Pre-training step"). Serving everything from malloc's heap and never trimming it keeps those pages;
 the price is that the process keeps its peak resident memory, which a training loop reaches on
 every step anyway.
 """

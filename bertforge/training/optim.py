@@ -39,10 +39,10 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 class AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's update, op for op, done in place and in cache-sized chunks.
 
-    On CPUs PyTorch's fused AdamW kernel runs about one element at a time (≈1.6 s a step for
-    BERT-base's 110M parameters on two cores) and its for-each and per-tensor forms allocate
-    parameter-sized temporaries; these vectorised in-place passes over chunks of each tensor (the
-    denominator written into one small reused buffer) take ≈0.1 s. The state (`step`, `exp_avg`,
+    On CPUs PyTorch's fused AdamW kernel runs about one element at a time and its for-each and
+    per-tensor forms allocate parameter-sized temporaries; these vectorised in-place passes over
+    chunks of each tensor (the denominator written into one small reused buffer) avoid both (see
+    BENCHMARKS.md, "Pre-training step"). The state (`step`, `exp_avg`,
     `exp_avg_sq`) is torch.optim.AdamW's, so checkpoints move between the two.
     """
 
