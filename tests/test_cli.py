@@ -167,6 +167,22 @@ def test_each_training_setting_is_declared_once():
     assert fields["lr"].default == 2e-5 and fields["lr"].metadata["help"] == "peak learning rate"
 
 
+def test_the_settings_reach_the_engine_unchanged():
+    import dataclasses
+
+    from bertforge.training.finetune import FinetuneArguments
+    from bertforge.training.settings import TrainingArguments, TrainingSettings
+
+    settings = FinetuneArguments(output_dir="o", warmup_steps=5, num_workers=2, fsdp=True, max_minutes=1.0,
+                                 budget_schedule=True, keep_last=4)
+    engine = settings.training_arguments(drop_last=False, lr=1e-3)
+    assert isinstance(engine, TrainingArguments)
+    for field in dataclasses.fields(TrainingSettings):
+        expected = 1e-3 if field.name == "lr" else getattr(settings, field.name)
+        assert getattr(engine, field.name) == expected, field.name
+    assert engine.drop_last is False
+
+
 def test_task_names_the_task_in_every_command():
     serve = _parse("serve", "--model", "m", "--task", "classify,tag", "--task", "embed")
     assert serve.task == ["classify,tag", "embed"]
