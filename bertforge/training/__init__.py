@@ -15,7 +15,8 @@ from .schedule import budget_schedule, linear_schedule
 from .settings import RunSettings, TrainingArguments, TrainingSettings
 
 __all__ = [
-    "Trainer", "TrainingArguments", "TrainingSettings", "RunSettings", "Phase", "TrainResult", "NonFiniteLossError", "DistributedContext",
+    "Trainer", "TrainingArguments", "TrainingSettings", "RunSettings", "Phase", "TrainResult", "NonFiniteLossError",
+    "DistributedContext",
     "build_optimizer", "parameter_groups", "linear_schedule", "budget_schedule", "save_checkpoint", "load_checkpoint",
     "latest_checkpoint", "epoch_permutation",
 ]
