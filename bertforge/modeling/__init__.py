@@ -1,6 +1,12 @@
-"""The BERT encoder, its heads, and checkpoint I/O."""
+"""The BERT encoder, its heads, and checkpoint I/O.
 
-from .bert import BertModel, EncoderOutput
+bert.py (the paper's layers and `BertModel`), packing.py (the unpadded path and row buckets), kernels.py
+(CPU inference kernels), heads.py (pre-training and task heads), config.py, pretrained.py (checkpoint
+I/O), hub.py (models by Hub id), inference.py (bf16, int8, unpadded inference), modes.py (evaluation
+mode for a block), tf_checkpoint.py + tf_bundle.py (Google's TF checkpoints).
+"""
+
+from .bert import BertModel, EncoderOutput, use_unpadded
 from .config import PRESETS, BertConfig
 from .heads import (
     BertForMaskedLM,
@@ -22,5 +28,5 @@ __all__ = [
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
     "BertForMultipleChoice", "PreTrainingOutput", "TaskOutput", "QuestionAnsweringOutput",
     "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "require_trained_head",
-    "quantize_int8", "Int8Linear",
+    "quantize_int8", "Int8Linear", "use_unpadded",
 ]

@@ -10,11 +10,16 @@ tokens of a padded batch are packed into one (T, H) sequence, T = the number of 
 the embeddings and every dense layer, attention runs per example (`Packing`), and the result is
 scattered back to (B, S, H) at the end. T is often half of B·S on real text, and the dense layers
 are most of the work.
+
+This file holds the paper's layers, top to bottom, each with its padded and packed forward. The
+machinery of the fast paths lives beside it: packing.py (the unpadded path: `Packing`, row buckets,
+packed attention) and kernels.py (CPU inference: reused buffers, in-place updates, the oneDNN linear,
+the fused QKV storage). It is a little over 400 lines because the layers and `BertModel.forward`'s
+choice between the paths read best in one place.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .kernels import (_ONEDNN_LINEAR, Linear, Workspace, _autocasting, inplace_activation,  # noqa: F401
+                      linear, may_overwrite_output, onednn_linear_op, project, share_storage, stacked_parameter)
+from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size, packed_attention  # noqa: F401 (re-exported)
 from .pretrained import PreTrainedBert
 
 
@@ -31,215 +39,6 @@ def activation(name: str):
     if name in ("gelu_new", "gelu_pytorch_tanh"):
         return lambda x: F.gelu(x, approximate="tanh")
     return F.relu
-
-
-def inplace_activation(name: str):
-    """`activation(name)` overwriting its input (the same values, bit for bit), or None."""
-    gelu_ = getattr(torch._C._nn, "gelu_", None)
-    if name == "relu":
-        return F.relu_
-    if gelu_ is None:
-        return None
-    if name == "gelu":
-        return gelu_
-    return lambda x: gelu_(x, approximate="tanh")
-
-
-_ONEDNN_LINEAR: list = []  # [op or None], decided on first use
-
-
-def onednn_linear_op():
-    """torch's oneDNN float32 linear kernel (the one Inductor uses on CPU) if opted in, else None.
-
-    Opt in with the environment variable BERTFORGE_ONEDNN_LINEAR=1 (read on first use). For BERT's
-    shapes on a CPU it is 10-35 % faster than the BLAS call behind `F.linear`, which is most of a
-    forward pass, but it rounds differently: hidden states drift from the BLAS results (and from
-    Hugging Face transformers) by up to ~1e-5 in the middle layers of all-MiniLM-L6-v2, so it is not
-    the default. None also where this build of torch lacks the op or a probe disagrees with F.linear.
-    """
-    if not _ONEDNN_LINEAR:
-        op = None
-        if os.environ.get("BERTFORGE_ONEDNN_LINEAR", "0") == "1":
-            try:
-                if torch.backends.mkldnn.is_available():
-                    candidate = torch.ops.mkldnn._linear_pointwise
-                    generator = torch.Generator().manual_seed(0)
-                    x = torch.randn(2, 3, 16, generator=generator)
-                    weight, bias = torch.randn(8, 16, generator=generator), torch.randn(8, generator=generator)
-                    with torch.no_grad():
-                        ok = torch.allclose(candidate(x, weight, bias, "none", [None], ""), F.linear(x, weight, bias),
-                                            rtol=1e-4, atol=1e-5)
-                        ok = ok and torch.allclose(candidate(x, weight, None, "none", [None], ""),
-                                                   F.linear(x, weight), rtol=1e-4, atol=1e-5)
-                    op = candidate if ok else None
-            except Exception:  # not built with oneDNN, or the private op changed: use F.linear
-                op = None
-        _ONEDNN_LINEAR.append(op)
-    return _ONEDNN_LINEAR[0]
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`; through oneDNN if opted in (`onednn_linear_op`), without autograd, on CPU float32."""
-    if (
-        not torch.is_grad_enabled() and not _autocasting()
-        and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
-        and x.layout == torch.strided and x.is_contiguous() and weight.is_contiguous()
-        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
-        and torch.backends.mkldnn.enabled
-    ):
-        op = onednn_linear_op()
-        if op is not None:
-            return op(x, weight, bias, "none", [None], "")
-    return F.linear(x, weight, bias)
-
-
-class Linear(nn.Linear):
-    """nn.Linear whose forward is `linear` (oneDNN in inference on CPU, if opted in)."""
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return linear(input, self.weight, self.bias)
-
-
-class Workspace:
-    """Scratch tensors for one inference forward pass on CPU, reused by every layer.
-
-    Each layer's projections (QKV, the 4H expansion, the two H-wide outputs) are consumed within the
-    layer, so one buffer of each shape serves all layers: a fresh allocation per layer costs a page
-    fault per 4 KiB on first touch, ~5 % of a BERT-base forward pass at batch 32. Buffers never
-    escape the forward pass (LayerNorm writes the layer outputs to new tensors), and a workspace
-    belongs to a single call, so concurrent calls do not share one.
-    """
-
-    def __init__(self) -> None:
-        self._tensors: dict[str, torch.Tensor] = {}
-
-    def get(self, key: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-        tensor = self._tensors.get(key)
-        if tensor is None or tensor.shape != shape or tensor.dtype != like.dtype or tensor.device != like.device:
-            tensor = self._tensors[key] = torch.empty(shape, dtype=like.dtype, device=like.device)
-        return tensor
-
-
-def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            workspace: Workspace | None = None, key: str = "") -> torch.Tensor:
-    """`linear(x, weight, bias)`, written into `workspace`'s buffer `key` when there is one.
-
-    The same BLAS call as `F.linear` (addmm on the flattened input), so the same bits.
-    """
-    if (
-        workspace is None or bias is None or x.dim() < 2 or not x.is_contiguous()
-        or not (x.dtype == weight.dtype == bias.dtype) or onednn_linear_op() is not None
-    ):
-        return linear(x, weight, bias)
-    out = workspace.get(key, (*x.shape[:-1], weight.shape[0]), x)
-    torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), out=out.view(-1, weight.shape[0]))
-    return out
-
-
-def _autocasting() -> bool:
-    """Whether autocast is on for any device (its dtype changes would make in-place ops differ)."""
-    is_any = getattr(torch._C, "_is_any_autocast_enabled", None)
-    if is_any is not None:
-        return bool(is_any())
-    return torch.is_autocast_enabled() or torch.is_autocast_cpu_enabled()
-
-
-def may_overwrite_output(*modules: nn.Module) -> bool:
-    """Whether the output of `modules` may be updated in place: no autograd graph is being recorded
-    (inference: `torch.no_grad()`/`inference_mode()`) and no forward hook can have kept a reference.
-
-    Reusing the freshly allocated output of a Linear for the residual add and the activation saves
-    one large allocation each (and its page faults on first touch): ~5-10 % of a CPU forward pass.
-    """
-    if torch.is_grad_enabled() or nn.modules.module._global_forward_hooks or _autocasting():
-        return False
-    return not any(module._forward_hooks for module in modules)
-
-
-def bucket_size(n: int, step: int) -> int:
-    """`n` rounded up to a multiple of max(step, 2^⌊log2 n⌋ / 8): at most `step - 1` more for small n,
-    at most 1/8 more for large n, and about 8 sizes per doubling of n. `step` 0 (or n 0): n itself.
-
-    Why: oneDNN, which runs matmuls, GELU and attention blocks on CPU, builds and keeps a kernel per
-    tensor shape, and the allocator keeps blocks of every size it has served, so a workload whose every
-    batch brings a new shape (a server, a pass over a file) grows its memory batch after batch. With
-    shapes from a few sizes it stops growing once it has seen them.
-    """
-    if not step or n <= 0:
-        return n
-    return n + -n % max(step, (1 << (n.bit_length() - 1)) // 8)
-
-
-@dataclass
-class Packing:
-    """Where the real tokens of a padded (B, S) batch lie in the packed (T, ...) layout of the
-    unpadded path, T = the number of real tokens.
-
-    Examples are packed in order of length (stable), so that examples of equal length are adjacent:
-    each group of `count` examples of `length` tokens is the contiguous rows `start` to
-    `start + count * length` of the packed sequence and runs through one attention call as a
-    (count, A, length, D) batch, without padding and without copying it out.
-
-    `row_bucket` > 0 appends `extra_rows` filler rows after the real tokens to round the packed
-    length up to a bucket: a multiple of max(row_bucket, 2^⌊log2 T⌋ / 8), so at most 1/8 more rows
-    (row_bucket at most for short batches) and about 8 distinct lengths per doubling of T. The
-    filler rows belong to no group (attend to nothing, are attended by nothing), their attention
-    context is zero, and `unpack` drops them. Why: oneDNN (the bf16 and int8 matmuls, and the float32
-    GELU) builds and caches a kernel per matrix shape, and the allocator keeps blocks of every size it
-    has served, so a server whose every batch has a new T keeps building kernels and growing its
-    memory (`bucket_size`). `length_bucket` (set to row_bucket): in bf16/fp16 inference the attention
-    of each example also runs at a bucketed length (`MultiHeadSelfAttention._forward_packed`).
-    """
-
-    batch: int
-    seq_length: int
-    index: torch.Tensor  # (T + extra_rows,) int64: b * S + s, each packed row's place in the padded (B·S) layout
-    positions: torch.Tensor  # (T + extra_rows,) int64: s, its position id (its column, as in the padded path)
-    groups: tuple[tuple[int, int, int], ...]  # (start, count, length) per run of equal-length examples
-    is_causal: bool = False
-    extra_rows: int = 0  # filler rows after the T real ones (see `row_bucket`)
-    length_bucket: int = 0  # in low-precision inference, attention lengths are rounded up too (see `bucket_size`)
-
-    @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
-        """attention_mask: (B, S), 1 = real token, 0 = padding (anywhere in the row, not only at the end).
-        row_bucket: 0 packs exactly the real tokens; > 0 rounds their number up (see the class)."""
-        if not isinstance(row_bucket, int) or isinstance(row_bucket, bool) or row_bucket < 0:
-            raise ValueError(f"row_bucket must be an int >= 0, got {row_bucket!r}")
-        mask = attention_mask.bool()
-        batch, seq_length = mask.shape
-        lengths = mask.sum(1)
-        order = torch.argsort(lengths, stable=True)
-        rows, columns = mask[order].nonzero(as_tuple=True)  # row-major: tokens keep their order
-        index = order[rows] * seq_length + columns
-        groups, start = [], 0
-        sorted_lengths = lengths[order].tolist()  # a host sync on GPU, once per forward pass
-        for length in sorted(set(sorted_lengths)):
-            count = sorted_lengths.count(length)
-            if length:  # an all-padding row has no tokens to attend
-                groups.append((start, count, length))
-            start += count * length
-        extra = bucket_size(start, row_bucket) - start
-        if extra:  # filler rows repeat the first real token: real ids and positions, never read back
-            index = torch.cat([index, index[:1].expand(extra)])
-            columns = torch.cat([columns, columns[:1].expand(extra)])
-        return cls(batch, seq_length, index, columns, tuple(groups), is_causal, extra, row_bucket)
-
-    @property
-    def num_tokens(self) -> int:
-        """T, the real tokens (the packed rows are T + extra_rows)."""
-        return self.index.shape[0] - self.extra_rows
-
-    def pack(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, S, ...) -> (T + extra_rows, ...): the real tokens, then any filler rows."""
-        return x.reshape(self.batch * self.seq_length, *x.shape[2:])[self.index]
-
-    def unpack(self, x: torch.Tensor) -> torch.Tensor:
-        """(T + extra_rows, H) -> (B, S, H), zeros at the padding positions (what the padded path
-        leaves there is arbitrary: no caller may read it)."""
-        out = x.new_zeros(self.batch * self.seq_length, x.shape[-1])
-        tokens = self.num_tokens
-        return out.index_copy_(0, self.index[:tokens], x[:tokens]).view(self.batch, self.seq_length, x.shape[-1])
 
 
 @dataclass
@@ -312,38 +111,13 @@ class MultiHeadSelfAttention(nn.Module):
         self._share_qkv_storage()
 
     def _share_qkv_storage(self) -> None:
-        """Lay the query, key and value weights (and biases) side by side in one tensor each.
-
-        The parameters stay three (same objects, names and checkpoint keys); only their memory is
-        adjacent, so that without autograd `_fused` reads the (3H, H) weight in place instead of
-        concatenating ~7 MB per layer and forward pass (BERT-base). In-place updates (loading,
-        optimizers, init) keep the layout; anything that re-allocates a parameter (`.to(dtype)`,
-        `param.data = ...`) just makes `_fused` fall back to concatenating.
-        """
-        with torch.no_grad():
-            for name in ("weight", "bias"):
-                params = [getattr(linear, name) for linear in (self.query, self.key, self.value)]
-                fused = torch.cat([param.detach() for param in params])
-                for param, part in zip(params, fused.split([p.shape[0] for p in params])):
-                    param.data = part
+        """Lay the query, key and value weights (and biases) side by side in memory (`kernels.share_storage`):
+        without autograd `_fused` then reads the (3H, H) weight in place instead of concatenating it."""
+        share_storage((self.query, self.key, self.value))
 
     def _fused(self, name: str) -> torch.Tensor:
         """The (3H, H) weight or (3H,) bias of the Q, K, V projections, stacked in that order."""
-        params = [getattr(linear, name) for linear in (self.query, self.key, self.value)]
-        if torch.is_grad_enabled() and any(param.requires_grad for param in params):
-            return torch.cat(params)  # autograd reaches each parameter
-        first = params[0]
-        size = first.numel() * first.element_size()
-        storage = first.untyped_storage().data_ptr()
-        adjacent = all(
-            param.is_contiguous() and param.shape == first.shape and param.dtype == first.dtype
-            and param.device == first.device and param.untyped_storage().data_ptr() == storage
-            and param.data_ptr() == first.data_ptr() + i * size
-            for i, param in enumerate(params)
-        )
-        if not adjacent:
-            return torch.cat(params)
-        return first.detach().as_strided((3 * first.shape[0], *first.shape[1:]), first.stride())
+        return stacked_parameter((self.query, self.key, self.value), name)
 
     def project_qkv(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
         """(..., H) -> (..., 3H): the query, key and value projections side by side."""
@@ -389,71 +163,9 @@ class MultiHeadSelfAttention(nn.Module):
 
     def _forward_packed(self, hidden_states: torch.Tensor, packing: Packing,
                         workspace: Workspace | None) -> torch.Tensor:
-        """(T, H) -> (T, H): attention within each example of the packed batch.
-
-        One scaled_dot_product_attention call per run of equal-length examples, on views of the
-        packed QKV rows: no padding, no mask, so no attention work is spent on padding. (Measured
-        on one thread of a shared 2-core CPU, SST-2 batches of 32, MiniLM: 0.48 ms per layer,
-        against 0.63 ms for one call per example and 0.84 ms for scattering Q, K, V into a padded,
-        masked batch; nested (jagged) tensors have no CPU kernel for it in torch 2.13.)
-        """
-        tokens, hidden = hidden_states.shape
-        heads = self.num_heads
+        """(T, H) -> (T, H): attention within each example of the packed batch (`packed_attention`)."""
         qkv = self.project_qkv(hidden_states, workspace)  # (T, 3H)
-        if workspace is not None:
-            context = workspace.get("context", (tokens, hidden), qkv)
-        else:
-            context = qkv.new_empty(tokens, hidden)
-        dropout_p = self.dropout_p if self.training else 0.0
-        if packing.length_bucket and qkv.dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
-            self._attend_in_length_buckets(qkv, context, packing)
-            if packing.extra_rows:
-                context[tokens - packing.extra_rows:].zero_()
-            return context
-        for start, count, length in packing.groups:
-            rows = slice(start, start + count * length)
-            query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
-            context[rows].view(count, length, heads, hidden // heads).copy_(out.transpose(1, 2))
-        if packing.extra_rows:
-            context[tokens - packing.extra_rows:].zero_()
-        return context
-
-    def _attend_in_length_buckets(self, qkv: torch.Tensor, context: torch.Tensor, packing: Packing) -> None:
-        """Attention of the packed batch with every example's length rounded up to a bucket
-        (`bucket_size(length, packing.length_bucket)`): qkv (T, 3H) -> context (T, H), in place.
-
-        The examples of one bucket are copied into a zero-padded (N, L_bucket, 3H) batch and run
-        through one scaled_dot_product_attention call whose mask hides the padding keys (they get
-        weight exactly 0); the padding queries' outputs are dropped. Why: in bf16 on CPU the fused
-        attention kernel keeps state per sequence length (its blocks run on oneDNN micro-kernels):
-        a server that meets every length up to max_length kept growing its memory without buckets,
-        and stopped with them. Inference only (no dropout).
-        """
-        hidden = context.shape[-1]
-        heads, head_dim = self.num_heads, hidden // self.num_heads
-        buckets: dict[int, list[tuple[int, int, int]]] = {}
-        for group in packing.groups:
-            buckets.setdefault(bucket_size(group[2], packing.length_bucket), []).append(group)
-        for padded_length, groups in buckets.items():
-            count = sum(n for _, n, _ in groups)
-            padded = qkv.new_zeros(count, padded_length, 3 * hidden)
-            lengths = torch.empty(count, dtype=torch.long)
-            row = 0
-            for start, n, length in groups:
-                padded[row:row + n, :length] = qkv[start:start + n * length].view(n, length, 3 * hidden)
-                lengths[row:row + n] = length
-                row += n
-            # (N, 1, 1, L_bucket): True for the example's real keys
-            mask = (torch.arange(padded_length) < lengths[:, None]).to(qkv.device)[:, None, None, :]
-            if packing.is_causal:
-                mask = mask & torch.ones(padded_length, padded_length, dtype=torch.bool, device=qkv.device).tril()
-            query, key, value = padded.view(count, padded_length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
-            row = 0
-            for start, n, length in groups:
-                context[start:start + n * length].view(n, length, heads, head_dim).copy_(out[row:row + n, :length])
-                row += n
+        return packed_attention(qkv, packing, self.num_heads, self.dropout_p if self.training else 0.0, workspace)
 
 
 class ResidualLayerNorm(nn.Module):
@@ -511,6 +223,10 @@ class FeedForwardExpansion(nn.Module):
 
 class TransformerLayer(nn.Module):
     """Self-attention, Add & Norm, feed-forward (4H, GELU), Add & Norm."""
+
+    # Sharded training (FSDP) wraps each module whose class sets this as one unit, gathered only for its
+    # own forward and backward; the Trainer reads it and knows no model class.
+    fsdp_unit = True
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -595,6 +311,19 @@ class BertModel(PreTrainedBert):
         # here; `optimize_for_inference` turns it on for inference.
         self.unpad_row_bucket = 0
         self.init_weights()
+
+    def prepare_cpu_training(self) -> None:
+        """Round the unpadded path's packed length up to a few sizes (`Packing`'s row_bucket) for training
+        on CPU; the Trainer calls this on every submodule that has it, when its device is the CPU.
+
+        On CPU the matmuls of training run in oneDNN (fp32 too, not only under autocast), which builds and
+        caches a kernel for each matrix shape, and unpadded batches have a new number of real tokens
+        nearly every step: without buckets memory keeps growing and steps slow down (BENCHMARKS.md,
+        pre-training memory). The filler rows attend to nothing and are dropped, so losses and gradients
+        are those of the exact packing. A bucket step already set is kept.
+        """
+        if self.unpad_row_bucket == 0:
+            self.unpad_row_bucket = DEFAULT_ROW_BUCKET
 
     def _inference_fast_path(self, input_ids: torch.Tensor) -> bool:
         """Inference on CPU with the encoder as built: no autograd or autocast, no hook anywhere that
@@ -690,3 +419,11 @@ class BertModel(PreTrainedBert):
             pooler_output=self.pooler(sequence) if self.pooler is not None else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
         )
+
+
+def use_unpadded(model: nn.Module, unpad: bool = True) -> None:
+    """Make every BERT encoder inside `model` run unpadded by default (`BertModel.unpad`): the same results
+    to rounding, with no compute spent on padding whatever the batch composition."""
+    for module in model.modules():
+        if isinstance(module, BertModel):
+            module.unpad = unpad

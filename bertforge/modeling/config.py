@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._files import check_finished
+from .hub import resolve_model_dir
 
 CONFIG_NAME = "config.json"
 
@@ -135,8 +136,6 @@ class BertConfig:
         """`directory/config.json` (or a config file); `directory` may name a Hub model (`resolve_model_dir`)."""
         directory = Path(directory)
         if not directory.exists():
-            from .pretrained import resolve_model_dir  # (pretrained.py builds on this module)
-
             directory = resolve_model_dir(directory)
         if directory.is_dir():
             check_finished(directory)  # a failed or killed run's model is not a finished one

@@ -10,7 +10,7 @@ What each option changes, and why it is faster (shapes: B batch, S padded length
 H hidden):
 
 - `unpad=True` (default): the encoder computes the T real tokens instead of all B·S positions
-  (`bertforge.modeling.bert.Packing`); outputs keep their (B, S, ...) shapes, padding positions
+  (`bertforge.modeling.packing.Packing`); outputs keep their (B, S, ...) shapes, padding positions
   hold zeros. Exact to float rounding (≤ 1e-5 in fp32 on all-MiniLM-L6-v2).
 - `row_bucket` (with unpad; default 16 on CPU, every dtype, 0 on GPUs): T is rounded up to
   one of a few lengths (a multiple of max(16, 2^⌊log2 T⌋ / 8): ≤ 1/8 more rows) with filler rows
@@ -53,6 +53,7 @@ import torch
 from torch import nn
 
 from .bert import BertModel, FeedForwardExpansion, MultiHeadSelfAttention, ResidualLayerNorm
+from .packing import DEFAULT_ROW_BUCKET  # noqa: F401 (re-exported: tests and serving import it from here)
 
 DTYPES = {
     "fp32": torch.float32, "float32": torch.float32,
@@ -60,8 +61,6 @@ DTYPES = {
     "fp16": torch.float16, "float16": torch.float16,
     "int8": torch.qint8,
 }
-# The smallest bucket step of the unpadded path's packed length (see `optimize_for_inference`).
-DEFAULT_ROW_BUCKET = 16
 
 
 class Int8Linear(nn.Module):
@@ -187,7 +186,7 @@ def default_row_bucket(model: nn.Module) -> int:
     """The unpadded path's bucket step for `model` as it is now: DEFAULT_ROW_BUCKET on CPU, every
     dtype, else 0 (exact packing). On CPU oneDNN builds and caches a kernel per shape: the bf16 and
     int8 matmuls, bf16 attention blocks, and in float32 the GELU; without buckets a server's memory
-    grows with every new batch shape (`bertforge.modeling.bert.bucket_size`)."""
+    grows with every new batch shape (`bertforge.modeling.packing.bucket_size`)."""
     return DEFAULT_ROW_BUCKET if _device_of(model).type == "cpu" else 0
 
 

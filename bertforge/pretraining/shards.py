@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._files import atomic_open
+
 FORMAT = "bertforge-pretraining/1"
 INDEX_NAME = "index.json"
 CONTINUATION_NAME = "wordpiece_continuation.npy"
@@ -39,10 +41,9 @@ def shard_file(directory: str | os.PathLike, name: str, field: str) -> Path:
 
 
 def save_atomic(path: Path, array: np.ndarray) -> None:
-    temporary = path.with_name(path.name + ".part")
-    with open(temporary, "wb") as handle:
+    """`array` as a .npy file written atomically; a leftover of an interrupted write is `<name>.part`."""
+    with atomic_open(path, "wb", temporary=path.name + ".part") as handle:
         np.save(handle, array, allow_pickle=False)
-    os.replace(temporary, path)
 
 
 class ShardWriter:

@@ -71,7 +71,7 @@ Progress = Callable[[int], None]
 @functools.lru_cache(maxsize=None)
 def _blingfire():
     try:
-        import blingfire
+        import blingfire  # optional extra (its binary ships for x86-64 only)
     except (ImportError, OSError) as error:  # not installed, or no binary for this platform (it ships x86-64 only)
         raise ModuleNotFoundError(f"sentence splitting needs the blingfire package ({error}); "
                                   "pip install blingfire, or give BERT-format input (--input-format bert)") from None

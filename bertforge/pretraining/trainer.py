@@ -26,29 +26,28 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from torch import nn
 
 from .._files import default_mode, finish_run, mark_running
 from ..modeling import BertConfig, BertForPreTraining
-from ..modeling.config import PRESETS
-from ..modeling.heads import IGNORE_INDEX
+from ..modeling.config import CONFIG_NAME, PRESETS
 from ..modeling.pretrained import resolve_model_dir
+from ..tokenization import BertTokenizer
+from ..tokenization.vocab import VOCAB_NAME, load_vocab, vocab_fingerprint
 from ..training import Phase, Trainer
 from ..training.checkpoint import latest_checkpoint, seed_everything
 from ..training.distributed import setup
 from ..training.loop import CHECKPOINT_DIR, LOG_NAME
 from ..training.settings import RunSettings, override, setting
 from .dataset import PretrainingDataset, collate
+from .objectives import LeftToRightStep, MaskedLMStep, next_token_labels, perplexity, unmasked_input_ids  # noqa: F401
 from .shards import INDEX_NAME
 
 logger = logging.getLogger("bertforge")
@@ -64,104 +63,6 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_at
                        "hidden_act", "max_position_embeddings", "type_vocab_size")
 _UNUSED = re.compile(r"\[unused\d+\]")
 
-
-# -- what one step computes ------------------------------------------------------------------------
-
-def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correct, counted) over the labels that are not IGNORE_INDEX."""
-    valid = labels != IGNORE_INDEX
-    return ((logits.argmax(-1) == labels) & valid).sum(), valid.sum()
-
-
-class MaskedLMStep:
-    """Masked LM (+ NSP): the paper's objective, or MLM only (`nsp=False`).
-
-    `unpad=True`: the encoder computes only the real tokens of each instance (the `short_seq_prob`
-    targets leave some padding in a batch); the losses are the padded path's to rounding
-    (tests/modeling/test_inference_paths.py), and a step costs less on CPU (see BENCHMARKS.md,
-    "Pre-training step"). `unpad=False` keeps the padded path.
-    """
-
-    def __init__(self, nsp: bool = True, unpad: bool = True):
-        self.nsp, self.unpad = nsp, unpad
-
-    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]):
-        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"], masked_lm_positions=batch["masked_lm_positions"],
-                    masked_lm_labels=batch["masked_lm_labels"],
-                    next_sentence_label=batch["next_sentence_label"] if self.nsp else None, unpad=self.unpad)
-        losses = {"mlm_loss": out.mlm_loss}
-        with torch.no_grad():
-            metrics = {"mlm_accuracy": _accuracy(out.prediction_logits, batch["masked_lm_labels"])}
-            if self.nsp:
-                losses["nsp_loss"] = out.nsp_loss
-                metrics["nsp_accuracy"] = _accuracy(out.seq_relationship_logits, batch["next_sentence_label"])
-        return losses, metrics
-
-    def counts(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Over what each loss is a mean: the masked tokens, and the sentence pairs."""
-        counts = {"mlm_loss": float((batch["masked_lm_labels"] != IGNORE_INDEX).sum())}
-        if self.nsp:
-            counts["nsp_loss"] = float(len(batch["next_sentence_label"]))
-        return counts
-
-    def eval(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        losses, metrics = self(model, batch)
-        counts = {"mlm_loss": metrics["mlm_accuracy"][1]}
-        if self.nsp:
-            counts["nsp_loss"] = len(batch["next_sentence_label"])
-        return {**{name: (value.float() * counts[name], counts[name]) for name, value in losses.items()}, **metrics}
-
-
-def unmasked_input_ids(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The instance's original tokens: the masked-LM labels written back at their positions."""
-    ids = batch["input_ids"].clone()
-    positions, labels = batch["masked_lm_positions"], batch["masked_lm_labels"]
-    valid = labels != IGNORE_INDEX
-    ids.scatter_(1, positions, torch.where(valid, labels, ids.gather(1, positions)))
-    return ids
-
-
-def next_token_labels(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position t is labelled with token t + 1; the last real token and padding with IGNORE_INDEX."""
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
-    labels[:, :-1] = torch.where(attention_mask[:, 1:].bool(), input_ids[:, 1:], IGNORE_INDEX)
-    return labels
-
-
-class LeftToRightStep:
-    """The paper's LTR ablation: next-token prediction with a causal (is_causal=True) encoder, no NSP."""
-
-    nsp = False
-
-    def __call__(self, model: nn.Module, batch: dict[str, torch.Tensor]):
-        ids = unmasked_input_ids(batch)
-        labels = next_token_labels(ids, batch["attention_mask"])
-        out = model(input_ids=ids, token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"],
-                    labels=labels)
-        with torch.no_grad():
-            accuracy = _accuracy(out.prediction_logits, labels[labels != IGNORE_INDEX])
-        return {"lm_loss": out.mlm_loss}, {"lm_accuracy": accuracy}
-
-    def counts(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        # Every real token but the last of each sequence is predicted.
-        return {"lm_loss": float(batch["attention_mask"].sum() - len(batch["attention_mask"]))}
-
-    def eval(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, Any]:
-        losses, metrics = self(model, batch)
-        count = metrics["lm_accuracy"][1]
-        return {"lm_loss": (losses["lm_loss"].float() * count, count), **metrics}
-
-
-def perplexity(record: dict[str, Any]) -> dict[str, float]:
-    """eval_perplexity = exp(eval masked-LM (or LM) loss)."""
-    for name in ("eval_mlm_loss", "eval_lm_loss"):
-        if name in record:
-            return {"eval_perplexity": math.exp(min(record[name], 700.0))}
-    return {}
-
-
-# -- the run ---------------------------------------------------------------------------------------
 
 @dataclass
 class PretrainingArguments(RunSettings):
@@ -238,8 +139,6 @@ def _vocab_file(args: PretrainingArguments, data: PretrainingDataset, model_dir:
     Data prepared before the vocabulary was copied into it has no DATA/vocab.txt and needs --vocab (or
     --init-from the model whose vocabulary it was prepared with).
     """
-    from ..tokenization.vocab import VOCAB_NAME, vocab_fingerprint
-
     shipped = Path(args.data) / VOCAB_NAME
     if not args.vocab:
         if not shipped.is_file() and model_dir is not None and (model_dir / VOCAB_NAME).is_file():
@@ -263,8 +162,6 @@ def _vocab_file(args: PretrainingArguments, data: PretrainingDataset, model_dir:
 def init_config(model_dir: Path, config: str | None, objective: str, max_seq_length: int) -> BertConfig:
     """MODEL's config.json: the architecture continued pre-training keeps. A --config that names
     another architecture is an error; the data must fit MODEL's position embeddings."""
-    from ..modeling.config import CONFIG_NAME
-
     model_config = BertConfig.from_pretrained(model_dir)
     if config is not None:
         if config in PRESETS:  # (a preset takes the vocabulary size from the model's)
@@ -289,8 +186,6 @@ def check_init_vocabulary(model_dir: Path, vocab_file: Path, datasets: list[Pret
     size, every other id unchanged. Vocabularies are compared by `vocab_fingerprint`, the data by the
     fingerprint stored in its index. Raises ValueError naming the vocabulary to prepare the data with.
     """
-    from ..tokenization.vocab import load_vocab, vocab_fingerprint
-
     model_vocab_file = model_dir / "vocab.txt"
     if not model_vocab_file.is_file():
         raise FileNotFoundError(f"--init-from {model_dir} has no vocab.txt: the model's vocabulary is needed to "
@@ -327,8 +222,6 @@ def init_new_words(model: BertForPreTraining, model_dir: Path, new_words: dict[i
     """Start each new word's embedding row (and MLM output bias) as the mean of those of the pieces
     MODEL's tokenizer splits the word into, so it begins where MODEL already understood it; a word of
     unknown pieces keeps its random row. The MLM decoder, tied to the embeddings, follows."""
-    from ..tokenization import BertTokenizer
-
     if not new_words:
         return
     tokenizer = BertTokenizer.from_pretrained(model_dir)
@@ -372,9 +265,6 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
 
     `stop_at_step` ends the run early (with a checkpoint, no final model), as an interruption would.
     """
-    from ..tokenization import BertTokenizer
-    from ..tokenization.vocab import load_vocab, vocab_fingerprint
-
     if args.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {args.objective!r}")
     if (args.phase2_data is None) != (args.phase2_steps is None):

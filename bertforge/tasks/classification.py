@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from .._files import read_text, write_text_atomic
+from ..training.order import length_grouped_order  # re-exported: its home is training/order.py
 
 __all__ = ["InputExample", "batch_labels", "collate", "convert_examples_to_features", "id2label",
            "length_grouped_order", "pad_batch", "read_classify_file", "read_delimited_rows", "sort_labels"]
@@ -330,40 +331,6 @@ def collate(features: Sequence[dict], pad_token_id: int = 0) -> dict[str, torch.
     regression = any(isinstance(label, float) for label in labels)
     batch["labels"] = torch.tensor(labels, dtype=torch.float32 if regression else torch.long)
     return batch
-
-
-def length_grouped_order(lengths: Sequence[int], batch_size: int, seed: int, epoch: int = 0,
-                         chunk_batches: int = 50) -> list[int]:
-    """An epoch's example order in which each batch holds examples of similar length.
-
-    The trick of Hugging Face's `group_by_length`: shuffle all examples, cut them into chunks of
-    `batch_size * chunk_batches`, sort each chunk by length (longest first) and cut it into
-    batches, then shuffle the batches, so that batches pad little yet every batch and the batch
-    order are random. The batch holding the longest example goes first (an out-of-memory shows at
-    step 1, not hours in) and a final partial batch stays last, so `order[k*batch_size:(k+1)*batch_size]`
-    is always batch k. Deterministic for a (seed, epoch); a different epoch gives a different order.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    lengths = np.asarray(lengths)
-    rng = np.random.default_rng([seed, epoch])
-    permutation = rng.permutation(len(lengths))
-    chunk = batch_size * chunk_batches
-    batches = []
-    for start in range(0, len(permutation), chunk):
-        part = permutation[start:start + chunk]
-        part = part[np.argsort(-lengths[part], kind="stable")]
-        batches.extend(part[i:i + batch_size] for i in range(0, len(part), batch_size))
-    if not batches:
-        return []
-    last = batches.pop() if len(batches[-1]) < batch_size else None
-    batches = [batches[i] for i in rng.permutation(len(batches))]
-    if batches:
-        longest = max(range(len(batches)), key=lambda b: lengths[batches[b]].max())
-        batches[0], batches[longest] = batches[longest], batches[0]
-    if last is not None:
-        batches.append(last)
-    return [int(i) for batch in batches for i in batch]
 
 
 # ---------------------------------------------------------------------------- long inputs

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal, Sequence
 
 import torch
+from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
 
 from .._files import check_finished
 from ._divergent import DIVERGENT_RANGES
@@ -78,8 +79,6 @@ class BertTokenizer:
         self.cls_token_id, self.sep_token_id, self.mask_token_id = self.vocab[CLS], self.vocab[SEP], self.vocab[MASK]
 
     def _build_fast(self):
-        from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers
-
         lower = self.do_lower_case
         strip = lower if self.strip_accents is None else self.strip_accents
         tokenizer = Tokenizer(models.WordPiece(vocab=self.vocab, unk_token=UNK,

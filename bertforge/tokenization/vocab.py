@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 VOCAB_NAME = "vocab.txt"
@@ -67,8 +69,6 @@ def train_vocab(files: Iterable[str | os.PathLike], vocab_size: int = 30522, low
     Text is normalised and split exactly as BertTokenizer does before WordPiece, so every trained
     piece can be produced. The five specials come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
     """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
-
     files = [str(f) for f in files]
     for file in files:
         if not Path(file).is_file():

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from .._files import temporary_file
+
+from .._files import atomic_open, fsync_directory
 
 logger = logging.getLogger("bertforge")
 
@@ -44,37 +45,15 @@ def checkpoint_step(path: str | os.PathLike) -> int:
     return int(match.group(1)) if match else -1
 
 
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # not possible on every platform; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write(path: str | os.PathLike, write: Callable[[Any], None]) -> None:
     """Call `write(file)` on a temporary file beside `path`, fsync it, then rename it to `path`.
 
     Until the rename, `path` keeps its previous content; if `write` raises, the temporary file is removed.
+    (`bertforge._files.atomic_open` with fsync.)
     """
     path = Path(path)
-    handle, temporary = temporary_file(path.parent, prefix=_TEMP_PREFIX + path.name + ".")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(path.parent)
+    with atomic_open(path, "wb", fsync=True, prefix=_TEMP_PREFIX + path.name + ".") as file:
+        write(file)
 
 
 def list_checkpoints(directory: str | os.PathLike) -> list[Path]:
@@ -173,7 +152,7 @@ def rewind(directory: str | os.PathLike, good: Path | None) -> list[Path]:
         atomic_write(directory / LATEST, lambda file: file.write(f"{Path(good).name}\n".encode()))
     elif (directory / LATEST).exists():
         (directory / LATEST).unlink()
-    _fsync_directory(directory)
+    fsync_directory(directory)
     return moved
 
 

@@ -12,6 +12,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+from torch.nn.parallel import DistributedDataParallel
 
 
 @dataclass
@@ -96,3 +101,33 @@ def configure_threads(context: DistributedContext, num_threads: int | None) -> N
         torch.set_num_threads(num_threads)
     elif context.device.type == "cpu" and context.local_world_size > 1:
         torch.set_num_threads(max(1, available_cores() // context.local_world_size))
+
+
+def wrap_model(model: nn.Module, context: DistributedContext, fsdp: bool = False,
+               find_unused_parameters: bool = False) -> nn.Module:
+    """What the training step calls: `model` itself in one process, else its DDP wrapper, or with `fsdp` its
+    FullyShardedDataParallel wrapper (parameters, gradients and optimizer state sharded over the processes).
+
+    FSDP makes one unit of each module whose class sets `fsdp_unit` (BERT: each Transformer layer,
+    gathered just for its forward and backward) and puts the rest (embeddings tied to the MLM decoder,
+    heads) in the root unit: the engine names no model class. use_orig_params: parameters keep their
+    names (weight-decay groups) and the state_dict its layout.
+    """
+    if not context.is_distributed:
+        return model
+    device = context.device
+    if fsdp:
+        units = {type(m) for m in model.modules() if getattr(type(m), "fsdp_unit", False)}
+        return FullyShardedDataParallel(model, use_orig_params=True, device_id=device,
+                                        auto_wrap_policy=ModuleWrapPolicy(units) if units else None)
+    return DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None,
+                                   find_unused_parameters=find_unused_parameters)
+
+
+def grad_scaler(precision: str, device: torch.device, sharded: bool = False):
+    """fp16's loss scaler (sharded under FSDP), or None for fp32 and bf16, which need none."""
+    if precision != "fp16":
+        return None
+    if sharded:
+        return ShardedGradScaler(device.type)
+    return torch.amp.GradScaler(device.type)

@@ -44,8 +44,10 @@ import torch
 from torch import nn
 
 from .._files import RUNNING, finish_run, mark_running
+from ..modeling import use_unpadded
 from .checkpoint import atomic_write, latest_checkpoint
 from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer
+from .order import length_grouped_order
 from .settings import RunSettings, override, setting
 
 logger = logging.getLogger("bertforge")
@@ -116,11 +118,11 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     torch.manual_seed(args.seed)  # the new head's initial weights depend on the seed, as in the paper's restarts
     model = task.build_model()
     if args.unpad:
-        _set_unpad(model)
+        use_unpadded(model)
     order_fn = None
     if args.group_by_length and task.lengths is not None:
         lengths = list(task.lengths)
-        order_fn = functools.partial(_grouped_order, lengths, args.batch_size * args.grad_accum)
+        order_fn = functools.partial(length_grouped_order, lengths, args.batch_size * args.grad_accum)
 
     training = args.training_arguments(
         output_dir=output_dir, drop_last=False, save_final=bool(args.save_every), eval_each_epoch=True,
@@ -180,23 +182,6 @@ def features_fingerprint(features: Sequence[Any]) -> str:
         pickler.dump(feature)
         digest.update(buffer.getbuffer())
     return digest.hexdigest()
-
-
-def _set_unpad(model: nn.Module) -> None:
-    """Run every BERT encoder inside `model` unpadded (`BertModel.unpad`): the same results to rounding,
-    with no compute spent on padding whatever the batch composition."""
-    from ..modeling.bert import BertModel
-
-    for module in model.modules():
-        if isinstance(module, BertModel):
-            module.unpad = True
-
-
-def _grouped_order(lengths: list[int], batch_size: int, seed: int, epoch: int) -> list[int]:
-    """An epoch's order in which each step's examples have similar lengths (see `length_grouped_order`)."""
-    from ..tasks.classification import length_grouped_order
-
-    return length_grouped_order(lengths, batch_size, seed, epoch)
 
 
 def _eval_results(task: str, record: dict[str, Any]) -> dict[str, Any]:

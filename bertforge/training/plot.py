@@ -45,11 +45,11 @@ def _series(records: list[dict], name: str) -> tuple[list[int], list[float]]:
 def plot_log(log: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> list[Path]:
     """Write loss.png, accuracy.png, lr.png, throughput.png (and perplexity.png with eval data); returns them."""
     try:
-        import matplotlib
+        import matplotlib  # optional extra
     except ImportError:
         raise ModuleNotFoundError("plotting needs matplotlib: pip install matplotlib") from None
     matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional extra
 
     records = read_log(log)
     run = Path(log) if Path(log).is_dir() else Path(log).parent

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import bertforge.modeling.bert as bert_module
+import bertforge.modeling.kernels as kernels_module
 from bertforge.modeling import (
     BertConfig,
     BertForMaskedLM,
@@ -502,7 +503,7 @@ def test_causal_matches_peer_decoder(attn, tmp_path):
 @pytest.fixture
 def blas_linear(monkeypatch):
     """Inference through `F.linear` as in training, so that the two paths can agree bit for bit."""
-    monkeypatch.setattr(bert_module, "_ONEDNN_LINEAR", [None])
+    monkeypatch.setattr(kernels_module, "_ONEDNN_LINEAR", [None])
 
 
 def test_fused_qkv_fast_path_tracks_the_parameters(blas_linear):
@@ -637,14 +638,14 @@ def test_onednn_linear_is_opt_in_and_within_tolerance(monkeypatch):
     real = batch["attention_mask"].bool()
     reference = model(**batch)  # autograd path: always F.linear
     monkeypatch.delenv("BERTFORGE_ONEDNN_LINEAR", raising=False)
-    monkeypatch.setattr(bert_module, "_ONEDNN_LINEAR", [])
+    monkeypatch.setattr(kernels_module, "_ONEDNN_LINEAR", [])
     assert bert_module.onednn_linear_op() is None
     with torch.inference_mode():
         plain = model(**batch)
     assert torch.equal(plain.last_hidden_state, reference.last_hidden_state.detach())
 
     monkeypatch.setenv("BERTFORGE_ONEDNN_LINEAR", "1")
-    monkeypatch.setattr(bert_module, "_ONEDNN_LINEAR", [])
+    monkeypatch.setattr(kernels_module, "_ONEDNN_LINEAR", [])
     if torch.backends.mkldnn.is_available():
         assert bert_module.onednn_linear_op() is not None
     with torch.inference_mode():

@@ -27,12 +27,7 @@ BOOK = REPO.parent / "shared" / "data" / "pretraining" / "books" / "Carroll_Alic
 NEW_WORDS = {2: ("hatter", ["hat", "##ter"]), 3: ("dormouse", ["dorm", "##ouse"])}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

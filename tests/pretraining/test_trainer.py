@@ -23,14 +23,7 @@ BOOK = REPO.parent / "shared" / "data" / "pretraining" / "books" / "Carroll_Alic
 VOCAB_SIZE = 1500
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run best on one thread, and on a busy machine (or next to the DDP test's processes)
-    extra OpenMP threads only wait for cores; the process's setting is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

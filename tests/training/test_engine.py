@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from synthetic import SyntheticPretrainingData, collate  # noqa: E402
 
-from bertforge.modeling import BertConfig, BertForPreTraining  # noqa: E402
+from bertforge.modeling import BertConfig, BertForPreTraining, use_unpadded  # noqa: E402
 from bertforge.modeling.bert import Packing  # noqa: E402
 from bertforge.modeling.inference import DEFAULT_ROW_BUCKET  # noqa: E402
 from bertforge.pretraining.trainer import MaskedLMStep, build_model  # noqa: E402
@@ -27,14 +27,7 @@ from bertforge.training.optim import AdamW  # noqa: E402
 from bertforge.training.schedule import BudgetWarmupDecay, LinearWarmupDecay, budget_schedule  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run best on one thread, and on a busy machine (or next to the DDP test's processes)
-    extra OpenMP threads only wait for cores; the process's setting is restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_config(**overrides) -> BertConfig:
@@ -522,6 +515,35 @@ def test_cpu_training_buckets_the_packed_rows(tmp_path, precision):
                                      progress=False, save_final=False), SyntheticPretrainingData(4), collate,
             MaskedLMStep(unpad=True))
     assert model.bert.unpad_row_bucket == DEFAULT_ROW_BUCKET
+
+
+def test_the_trainer_prepares_any_module_that_asks_and_knows_no_model_class(tmp_path):
+    """Training on CPU calls `prepare_cpu_training` on every submodule that has one (BERT's row buckets live in
+    modeling/); a bucket step already chosen is kept, and a model without the hook trains as it is."""
+    calls = []
+
+    class Probe(torch.nn.Module):
+        def prepare_cpu_training(self):
+            calls.append(self)
+
+    model = BertForPreTraining(tiny_config())
+    model.probe = Probe()
+    model.bert.unpad_row_bucket = 32
+    Trainer(model, TrainingArguments(tmp_path / "run", batch_size=4, max_steps=1, progress=False, save_final=False),
+            SyntheticPretrainingData(4), collate, MaskedLMStep(unpad=True))
+    assert calls == [model.probe] and model.bert.unpad_row_bucket == 32
+    for path in (Path(__file__).resolve().parents[2] / "bertforge" / "training").glob("*.py"):
+        source = path.read_text(encoding="utf-8")
+        assert "BertModel" not in source and "TransformerLayer" not in source, path.name
+
+
+def test_use_unpadded_switches_every_encoder_in_a_model():
+    model = BertForPreTraining(tiny_config())
+    assert model.bert.unpad is False
+    use_unpadded(model)
+    assert model.bert.unpad is True
+    use_unpadded(model, False)
+    assert model.bert.unpad is False
 
 
 # -- failed runs and resume -------------------------------------------------------------------------

@@ -1,0 +1,176 @@
+"""The unpadded (packed) path of the encoder: the real tokens of a padded (B, S) batch packed into one
+(T, ...) sequence for the embeddings and every dense layer, attention run within each example, and the
+packed length rounded up to a few sizes (row buckets) so that CPU kernels meet few shapes.
+
+`BertModel` (bert.py) switches to this path with `unpad`; `MultiHeadSelfAttention` calls
+`packed_attention` when given a `Packing`. Row buckets are off by default; `optimize_for_inference`
+turns them on for inference and the Trainer, through `BertModel.prepare_cpu_training`, for training
+on CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import Workspace
+
+__all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "packed_attention"]
+
+# The smallest bucket step of the unpadded path's packed length (see `optimize_for_inference`).
+DEFAULT_ROW_BUCKET = 16
+
+
+def bucket_size(n: int, step: int) -> int:
+    """`n` rounded up to a multiple of max(step, 2^⌊log2 n⌋ / 8): at most `step - 1` more for small n,
+    at most 1/8 more for large n, and about 8 sizes per doubling of n. `step` 0 (or n 0): n itself.
+
+    Why: oneDNN, which runs matmuls, GELU and attention blocks on CPU, builds and keeps a kernel per
+    tensor shape, and the allocator keeps blocks of every size it has served, so a workload whose every
+    batch brings a new shape (a server, a pass over a file) grows its memory batch after batch. With
+    shapes from a few sizes it stops growing once it has seen them.
+    """
+    if not step or n <= 0:
+        return n
+    return n + -n % max(step, (1 << (n.bit_length() - 1)) // 8)
+
+
+@dataclass
+class Packing:
+    """Where the real tokens of a padded (B, S) batch lie in the packed (T, ...) layout of the
+    unpadded path, T = the number of real tokens.
+
+    Examples are packed in order of length (stable), so that examples of equal length are adjacent:
+    each group of `count` examples of `length` tokens is the contiguous rows `start` to
+    `start + count * length` of the packed sequence and runs through one attention call as a
+    (count, A, length, D) batch, without padding and without copying it out.
+
+    `row_bucket` > 0 appends `extra_rows` filler rows after the real tokens to round the packed
+    length up to a bucket: a multiple of max(row_bucket, 2^⌊log2 T⌋ / 8), so at most 1/8 more rows
+    (row_bucket at most for short batches) and about 8 distinct lengths per doubling of T. The
+    filler rows belong to no group (attend to nothing, are attended by nothing), their attention
+    context is zero, and `unpack` drops them. Why: oneDNN (the bf16 and int8 matmuls, and the float32
+    GELU) builds and caches a kernel per matrix shape, and the allocator keeps blocks of every size it
+    has served, so a server whose every batch has a new T keeps building kernels and growing its
+    memory (`bucket_size`). `length_bucket` (set to row_bucket): in bf16/fp16 inference the attention
+    of each example also runs at a bucketed length (`packed_attention`).
+    """
+
+    batch: int
+    seq_length: int
+    index: torch.Tensor  # (T + extra_rows,) int64: b * S + s, each packed row's place in the padded (B·S) layout
+    positions: torch.Tensor  # (T + extra_rows,) int64: s, its position id (its column, as in the padded path)
+    groups: tuple[tuple[int, int, int], ...]  # (start, count, length) per run of equal-length examples
+    is_causal: bool = False
+    extra_rows: int = 0  # filler rows after the T real ones (see `row_bucket`)
+    length_bucket: int = 0  # in low-precision inference, attention lengths are rounded up too (see `bucket_size`)
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
+        """attention_mask: (B, S), 1 = real token, 0 = padding (anywhere in the row, not only at the end).
+        row_bucket: 0 packs exactly the real tokens; > 0 rounds their number up (see the class)."""
+        if not isinstance(row_bucket, int) or isinstance(row_bucket, bool) or row_bucket < 0:
+            raise ValueError(f"row_bucket must be an int >= 0, got {row_bucket!r}")
+        mask = attention_mask.bool()
+        batch, seq_length = mask.shape
+        lengths = mask.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        rows, columns = mask[order].nonzero(as_tuple=True)  # row-major: tokens keep their order
+        index = order[rows] * seq_length + columns
+        groups, start = [], 0
+        sorted_lengths = lengths[order].tolist()  # a host sync on GPU, once per forward pass
+        for length in sorted(set(sorted_lengths)):
+            count = sorted_lengths.count(length)
+            if length:  # an all-padding row has no tokens to attend
+                groups.append((start, count, length))
+            start += count * length
+        extra = bucket_size(start, row_bucket) - start
+        if extra:  # filler rows repeat the first real token: real ids and positions, never read back
+            index = torch.cat([index, index[:1].expand(extra)])
+            columns = torch.cat([columns, columns[:1].expand(extra)])
+        return cls(batch, seq_length, index, columns, tuple(groups), is_causal, extra, row_bucket)
+
+    @property
+    def num_tokens(self) -> int:
+        """T, the real tokens (the packed rows are T + extra_rows)."""
+        return self.index.shape[0] - self.extra_rows
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S, ...) -> (T + extra_rows, ...): the real tokens, then any filler rows."""
+        return x.reshape(self.batch * self.seq_length, *x.shape[2:])[self.index]
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(T + extra_rows, H) -> (B, S, H), zeros at the padding positions (what the padded path
+        leaves there is arbitrary: no caller may read it)."""
+        out = x.new_zeros(self.batch * self.seq_length, x.shape[-1])
+        tokens = self.num_tokens
+        return out.index_copy_(0, self.index[:tokens], x[:tokens]).view(self.batch, self.seq_length, x.shape[-1])
+
+
+def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float = 0.0,
+                     workspace: Workspace | None = None) -> torch.Tensor:
+    """qkv (T, 3H) -> context (T, H): attention within each example of the packed batch.
+
+    One scaled_dot_product_attention call per run of equal-length examples, on views of the packed
+    QKV rows: no padding, no mask, so no attention work is spent on padding (faster on CPU than one
+    call per example or scattering into a padded, masked batch; nested (jagged) tensors have no CPU
+    kernel for it). Filler rows (`Packing.extra_rows`) get a zero context.
+    """
+    tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    heads = num_heads
+    if workspace is not None:
+        context = workspace.get("context", (tokens, hidden), qkv)
+    else:
+        context = qkv.new_empty(tokens, hidden)
+    if packing.length_bucket and qkv.dtype in (torch.bfloat16, torch.float16) and not torch.is_grad_enabled():
+        _attend_in_length_buckets(qkv, context, packing, num_heads)
+        if packing.extra_rows:
+            context[tokens - packing.extra_rows:].zero_()
+        return context
+    for start, count, length in packing.groups:
+        rows = slice(start, start + count * length)
+        query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
+        context[rows].view(count, length, heads, hidden // heads).copy_(out.transpose(1, 2))
+    if packing.extra_rows:
+        context[tokens - packing.extra_rows:].zero_()
+    return context
+
+
+def _attend_in_length_buckets(qkv: torch.Tensor, context: torch.Tensor, packing: Packing, num_heads: int) -> None:
+    """Attention of the packed batch with every example's length rounded up to a bucket
+    (`bucket_size(length, packing.length_bucket)`): qkv (T, 3H) -> context (T, H), in place.
+
+    The examples of one bucket are copied into a zero-padded (N, L_bucket, 3H) batch and run
+    through one scaled_dot_product_attention call whose mask hides the padding keys (they get
+    weight exactly 0); the padding queries' outputs are dropped. Why: in bf16 on CPU the fused
+    attention kernel keeps state per sequence length (its blocks run on oneDNN micro-kernels):
+    a server that meets every length up to max_length kept growing its memory without buckets,
+    and stopped with them. Inference only (no dropout).
+    """
+    hidden = context.shape[-1]
+    heads, head_dim = num_heads, hidden // num_heads
+    buckets: dict[int, list[tuple[int, int, int]]] = {}
+    for group in packing.groups:
+        buckets.setdefault(bucket_size(group[2], packing.length_bucket), []).append(group)
+    for padded_length, groups in buckets.items():
+        count = sum(n for _, n, _ in groups)
+        padded = qkv.new_zeros(count, padded_length, 3 * hidden)
+        lengths = torch.empty(count, dtype=torch.long)
+        row = 0
+        for start, n, length in groups:
+            padded[row:row + n, :length] = qkv[start:start + n * length].view(n, length, 3 * hidden)
+            lengths[row:row + n] = length
+            row += n
+        # (N, 1, 1, L_bucket): True for the example's real keys
+        mask = (torch.arange(padded_length) < lengths[:, None]).to(qkv.device)[:, None, None, :]
+        if packing.is_causal:
+            mask = mask & torch.ones(padded_length, padded_length, dtype=torch.bool, device=qkv.device).tril()
+        query, key, value = padded.view(count, padded_length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask).transpose(1, 2)
+        row = 0
+        for start, n, length in groups:
+            context[start:start + n * length].view(n, length, heads, head_dim).copy_(out[row:row + n, :length])
+            row += n
