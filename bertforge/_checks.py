@@ -69,13 +69,9 @@ def check_flags(args: argparse.Namespace) -> None:
     if threshold is not None and not math.isfinite(threshold):
         raise ValueError(f"--null-score-diff-threshold must be a finite number, got {threshold}")
     check_positions(args)
-    if values.get("command") == "finetune" and values.get("task_family") == "squad":
-        from .tasks.squad import SquadSettings
-
-        SquadSettings(**{k: values[k] for k in ("max_seq_length", "doc_stride", "max_query_length", "n_best_size",
-                                                "max_answer_length") if values.get(k) is not None}).check(flags=True)
-    elif values.get("doc_stride") is not None and values.get("max_seq_length") is not None \
-            and values["doc_stride"] >= values["max_seq_length"]:
+    # Classification's windows; `finetune squad` checks its windows with the question's tokens (its `check`).
+    if values.get("task_family") != "squad" and values.get("doc_stride") is not None \
+            and values.get("max_seq_length") is not None and values["doc_stride"] >= values["max_seq_length"]:
         raise ValueError(f"--doc-stride ({values['doc_stride']}) must be less than --max-seq-length "
                          f"({values['max_seq_length']}) so that windows overlap")
 

@@ -50,3 +50,169 @@ def test_serve_without_the_serve_extra_says_how_to_install_it(tmp_path, capsys, 
     assert main(["serve", "--model", str(tmp_path)]) == 2
     assert capsys.readouterr().err == ("bertforge serve: error: starlette is not installed: "
                                        "pip install 'bertforge[serve]' (starlette and uvicorn)\n")
+
+
+# -- the flags generated from the settings' fields (bertforge.cli.flags, bertforge.training.settings) --------
+
+def _parse(*argv: str):
+    from bertforge.cli import build_parser
+
+    return build_parser().parse_args(list(argv))
+
+
+FINETUNE_GLUE = ("finetune", "glue", "--task", "mrpc", "--data-dir", "d", "--model", "m", "--output-dir", "o")
+
+
+def test_finetune_flags_default_to_the_recipe_the_settings_declare():
+    from bertforge.cli.flags import settings_from_args
+    from bertforge.training.finetune import FinetuneArguments
+
+    assert settings_from_args(FinetuneArguments, _parse(*FINETUNE_GLUE)) == FinetuneArguments(output_dir="o")
+    # A task's recipe changes only the defaults it names (multiple choice: batch 16).
+    choice = _parse("finetune", "multiple-choice", "--train-file", "t", "--dev-file", "d", "--model", "m",
+                    "--output-dir", "o")
+    assert settings_from_args(FinetuneArguments, choice) == FinetuneArguments(output_dir="o", batch_size=16)
+
+
+def test_finetune_flags_reach_their_fields():
+    from bertforge.cli.flags import settings_from_args
+    from bertforge.training.finetune import FinetuneArguments
+
+    args = _parse(*FINETUNE_GLUE, "--lr", "3e-5", "--grad-accum", "2", "--precision", "bf16", "--no-unpad",
+                  "--group-by-length", "--resume", "--no-progress", "--max-grad-norm", "0", "--seed", "7")
+    settings = settings_from_args(FinetuneArguments, args)
+    assert (settings.lr, settings.grad_accum, settings.precision, settings.unpad, settings.group_by_length,
+            settings.resume, settings.progress, settings.max_grad_norm, settings.seed) == \
+        (3e-5, 2, "bf16", False, True, True, False, 0.0, 7)
+
+
+def test_pretrain_flags_default_to_the_fields_and_keep_their_spellings():
+    from bertforge.cli.flags import settings_from_args
+    from bertforge.pretraining.trainer import PretrainingArguments
+
+    base = ("pretrain", "--data", "data", "--output-dir", "o")
+    assert settings_from_args(PretrainingArguments, _parse(*base)) == PretrainingArguments(data="data", output_dir="o")
+    args = settings_from_args(PretrainingArguments, _parse(*base, "--no-nsp", "--no-unpad", "--resume", "--fsdp"))
+    assert (args.nsp, args.unpad, args.resume, args.fsdp) == (False, False, True, True)
+    assert settings_from_args(PretrainingArguments, _parse(*base, "--resume", "ckpt")).resume == "ckpt"
+    assert settings_from_args(PretrainingArguments, _parse(*base, "--unpad")).unpad is True
+
+
+def test_generated_flags_follow_the_field_types_and_choices():
+    import argparse
+
+    import pytest
+
+    from bertforge.cli.flags import add_settings_flags
+    from bertforge.training.settings import RunSettings
+
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser, RunSettings, ("output_dir", "batch_size", "lr", "precision", "progress", "fsdp",
+                                             "unpad"), defaults={"lr": 5e-5})
+    args = parser.parse_args(["--output-dir", "o", "--batch-size", "8"])
+    assert (args.output_dir, args.batch_size, args.lr, args.precision, args.progress, args.fsdp, args.unpad) == \
+        ("o", 8, 5e-5, "fp32", True, False, None)  # unpad: None is "the field's default"
+    with pytest.raises(SystemExit):  # a required field is a required flag
+        parser.parse_args([])
+    with pytest.raises(SystemExit):  # choices come from the field
+        parser.parse_args(["--output-dir", "o", "--precision", "fp8"])
+    with pytest.raises(SystemExit):  # and the type
+        parser.parse_args(["--output-dir", "o", "--batch-size", "many"])
+
+
+def test_every_generated_flag_has_help():
+    import argparse
+    import dataclasses
+
+    from bertforge.cli import build_parser
+
+    def walk(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from walk(sub)
+            else:
+                yield parser.prog, action
+
+    from bertforge.pretraining.trainer import PretrainingArguments
+    from bertforge.training.finetune import FinetuneArguments
+
+    settings = {f.name for cls in (PretrainingArguments, FinetuneArguments) for f in dataclasses.fields(cls)}
+    missing = [(prog, action.option_strings) for prog, action in walk(build_parser()) if action.dest in settings
+               and not action.help and (prog == "bertforge pretrain" or prog.startswith("bertforge finetune "))]
+    assert missing == []
+
+
+def test_each_training_setting_is_declared_once():
+    # A subclass of the settings may change a shared setting's default or wording only through `override`,
+    # which keeps the declaration (help, flag) in bertforge/training/settings.py.
+    import ast
+    import dataclasses
+    import inspect
+
+    from bertforge.pretraining.trainer import PretrainingArguments
+    from bertforge.training.finetune import FinetuneArguments
+    from bertforge.training.settings import RunSettings, TrainingArguments, TrainingSettings
+
+    shared = {f.name for f in dataclasses.fields(RunSettings)}
+    for cls in (PretrainingArguments, FinetuneArguments, TrainingArguments):
+        assert issubclass(cls, TrainingSettings)
+        tree = ast.parse(inspect.getsource(cls))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.AnnAssign) and node.target.id in shared:
+                call = node.value
+                assert isinstance(call, ast.Call) and getattr(call.func, "id", None) == "override", \
+                    f"{cls.__name__}.{node.target.id} declared again instead of overridden"
+    fields = {f.name: f for f in dataclasses.fields(FinetuneArguments)}
+    assert fields["lr"].default == 2e-5 and fields["lr"].metadata["help"] == "peak learning rate"
+
+
+def test_the_settings_reach_the_engine_unchanged():
+    import dataclasses
+
+    from bertforge.training.finetune import FinetuneArguments
+    from bertforge.training.settings import TrainingArguments, TrainingSettings
+
+    settings = FinetuneArguments(output_dir="o", warmup_steps=5, num_workers=2, fsdp=True, max_minutes=1.0,
+                                 budget_schedule=True, keep_last=4)
+    engine = settings.training_arguments(drop_last=False, lr=1e-3)
+    assert isinstance(engine, TrainingArguments)
+    for field in dataclasses.fields(TrainingSettings):
+        expected = 1e-3 if field.name == "lr" else getattr(settings, field.name)
+        assert getattr(engine, field.name) == expected, field.name
+    assert engine.drop_last is False
+
+
+def test_task_names_the_task_in_every_command():
+    serve = _parse("serve", "--model", "m", "--task", "classify,tag", "--task", "embed")
+    assert serve.task == ["classify,tag", "embed"]
+    assert _parse("export-onnx", "--model", "m", "--output", "x.onnx", "--task", "tag").task == "tag"
+    assert _parse("predict", "--model", "m", "--task", "mrpc").task == "mrpc"
+    assert _parse(*FINETUNE_GLUE).task == "mrpc"
+
+
+def test_the_task_family_comes_from_the_flag_or_the_model(tmp_path):
+    from bertforge.cli._common import task_family
+
+    (tmp_path / "config.json").write_text(json.dumps({"finetuning_task": "ner"}))
+    assert task_family(None, str(tmp_path)) == "tag"
+    assert task_family("squad_v2", str(tmp_path)) == "answer"
+    assert task_family("mrpc", str(tmp_path)) == "classify"  # a GLUE task
+    assert task_family("multiple-choice", str(tmp_path)) == "multiple-choice"
+    assert task_family(None, str(tmp_path / "missing")) is None
+
+
+def test_cli_imports_at_module_top_except_optional_extras():
+    import ast
+
+    import bertforge.cli
+
+    for path in Path(bertforge.cli.__file__).parent.glob("*.py"):
+        source = path.read_text()
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for inner in ast.walk(node):
+                    if isinstance(inner, (ast.Import, ast.ImportFrom)):
+                        assert lines[inner.lineno - 1].rstrip().endswith("# optional extra"), \
+                            f"{path.name}:{inner.lineno} imports inside a function"

@@ -41,10 +41,11 @@ from ..modeling.config import CONFIG_NAME, PRESETS
 from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
 from ..tokenization.vocab import VOCAB_NAME, load_vocab, vocab_fingerprint
-from ..training import Phase, Trainer, TrainingArguments
+from ..training import Phase, Trainer
 from ..training.checkpoint import latest_checkpoint, seed_everything
 from ..training.distributed import setup
 from ..training.loop import CHECKPOINT_DIR, LOG_NAME
+from ..training.settings import RunSettings, override, setting
 from .dataset import PretrainingDataset, collate
 from .objectives import LeftToRightStep, MaskedLMStep, next_token_labels, perplexity, unmasked_input_ids  # noqa: F401
 from .shards import INDEX_NAME
@@ -64,43 +65,38 @@ _UNUSED = re.compile(r"\[unused\d+\]")
 
 
 @dataclass
-class PretrainingArguments:
-    data: str | os.PathLike
-    output_dir: str | os.PathLike
-    config: str | None = None  # a preset (tiny ... large) or a config.json path; default base (or init_from's)
-    vocab: str | os.PathLike | None = None  # default: DATA/vocab.txt (else init_from's vocab.txt)
-    init_from: str | os.PathLike | None = None  # continue pre-training this model (a directory or a Hub id)
-    batch_size: int = 32
-    grad_accum: int = 1
-    lr: float | None = None  # default SCRATCH_LR, or CONTINUED_LR with init_from
-    # default: 1% of all steps (the paper: 10,000 of 1,000,000), or 10% with init_from
-    warmup_steps: int | None = None
-    max_steps: int | None = None  # all steps, both phases; None: `epochs` passes (1 if neither is given)
-    epochs: float | None = None
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 1.0
-    precision: str = "fp32"
-    seed: int = 0
-    save_every: int | None = 1000
-    keep_last: int | None = 3
-    resume: str | os.PathLike | bool | None = None  # True: OUT's latest checkpoint (if any); or a path
-    log_every: int = 10
-    eval_data: str | os.PathLike | None = None
-    eval_every: int | None = None
-    eval_batch_size: int | None = None
-    phase2_data: str | os.PathLike | None = None
-    phase2_steps: int | None = None  # the last steps of max_steps (the paper: 100,000 of 1,000,000)
-    phase2_batch_size: int | None = None
-    nsp: bool = True
-    objective: str = "mlm"
-    fsdp: bool = False
-    num_workers: int = 0
-    num_threads: int | None = None
-    device: str | None = None
-    progress: bool = True
-    max_minutes: float | None = None  # wall-clock budget: stop, evaluate and save the model when spent
-    budget_schedule: bool = False  # warm-up and decay over max_minutes' time (lr 0 when spent), not max_steps
-    unpad: bool = True  # compute only the real tokens (MaskedLMStep); False: the padded path
+class PretrainingArguments(RunSettings):
+    """`bertforge pretrain`'s settings: the shared ones (training/settings.py) and pre-training's own.
+    `lr`, `warmup_steps` and `warmup_ratio` left None take the recipe's (SCRATCH_*, or CONTINUED_* with
+    `init_from`); `epochs` and `max_steps` both None: one epoch."""
+
+    data: str | os.PathLike = setting(help="prepared instances (prepare-pretraining's output directory)",
+                                      kw_only=True)
+    config: str | None = setting(None, "tiny, mini, small, medium, base, large, or a config.json (default: base; "
+                                 "with --init-from the model's)")
+    vocab: str | os.PathLike | None = setting(
+        None, "the vocab.txt the data was prepared with (default: DATA/vocab.txt, which prepare-pretraining "
+        "writes, else --init-from's; needed only for data prepared without it)")
+    init_from: str | os.PathLike | None = setting(
+        None, "continue pre-training MODEL (a checkpoint directory, convert-tf output or Hub id such as "
+        "google-bert/bert-base-uncased[@revision]): its weights and architecture; the data prepared with its "
+        "vocab.txt (or one with [unusedN] replaced)", metavar="MODEL")
+    lr: float | None = override(RunSettings, "lr", None, help="peak learning rate (default 1e-4; with --init-from "
+                                "5e-5)")
+    warmup_steps: int | None = override(RunSettings, "warmup_steps", help="linear warm-up steps (default: 1%% of "
+                                        "all steps; with --init-from 10%%)")
+    max_steps: int | None = override(RunSettings, "max_steps", help="optimizer steps, both phases (default: one "
+                                     "epoch of --data)")
+    save_every: int | None = override(RunSettings, "save_every", 1000,
+                                      help="checkpoint every N steps (and at the end)")
+    eval_data: str | os.PathLike | None = setting(None, "prepared instances to evaluate on")
+    phase2_data: str | os.PathLike | None = setting(None, "second phase's instances (the paper: 512 tokens)")
+    # the last steps of max_steps (the paper: 100,000 of 1,000,000)
+    phase2_steps: int | None = setting(None, "the last N of --max-steps run on --phase2-data")
+    phase2_batch_size: int | None = setting(None, "(default: --batch-size)")
+    nsp: bool = setting(True, "masked LM only, no next-sentence loss")  # the flag is --no-nsp
+    objective: str = setting("mlm", "ltr: left-to-right LM with a causal encoder, no NSP (the paper's ablation)",
+                             choices=OBJECTIVES)
 
 
 def open_dataset(path: str | os.PathLike, seed: int) -> PretrainingDataset:
@@ -307,17 +303,12 @@ def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None)
     phases = [Phase(train, name="phase 1")]  # the steps that phase 2 leaves
     if phase2 is not None:
         phases.append(Phase(phase2, steps=args.phase2_steps, batch_size=args.phase2_batch_size, name="phase 2"))
-    training = TrainingArguments(
-        output_dir=output_dir, batch_size=args.batch_size, grad_accum=args.grad_accum,
-        max_steps=args.max_steps, epochs=args.epochs if args.epochs is not None or args.max_steps is not None else 1.0,
+    training = args.training_arguments(
+        output_dir=output_dir,
+        epochs=args.epochs if args.epochs is not None or args.max_steps is not None else 1.0,
         lr=args.lr if args.lr is not None else CONTINUED_LR if model_dir else SCRATCH_LR,
-        weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
-        warmup_ratio=None if args.warmup_steps is not None else CONTINUED_WARMUP_RATIO if model_dir
-        else SCRATCH_WARMUP_RATIO, precision=args.precision,
-        max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every, save_every=args.save_every,
-        keep_last=args.keep_last, eval_every=args.eval_every, eval_batch_size=args.eval_batch_size,
-        num_workers=args.num_workers, num_threads=args.num_threads, device=args.device, fsdp=args.fsdp,
-        progress=args.progress, max_minutes=args.max_minutes, budget_schedule=args.budget_schedule)
+        warmup_ratio=None if args.warmup_steps is not None else args.warmup_ratio if args.warmup_ratio is not None
+        else CONTINUED_WARMUP_RATIO if model_dir else SCRATCH_WARMUP_RATIO)
     context = setup(args.device)
     try:
         model = build_model(config, args.seed, step.nsp, model_dir, new_words)
@@ -381,6 +372,7 @@ def _save_final(final: Path, write) -> None:
 
 
 def arguments_from(namespace) -> PretrainingArguments:
-    """PretrainingArguments from the CLI's parsed flags (those with the same names)."""
+    """PretrainingArguments from the CLI's parsed flags (those with the same names; a flag left None takes
+    the field's default)."""
     names = {f.name for f in dataclasses.fields(PretrainingArguments)}
-    return PretrainingArguments(**{k: v for k, v in vars(namespace).items() if k in names})
+    return PretrainingArguments(**{k: v for k, v in vars(namespace).items() if k in names and v is not None})

@@ -46,8 +46,9 @@ from torch import nn
 from .._files import RUNNING, finish_run, mark_running
 from ..modeling import use_unpadded
 from .checkpoint import atomic_write, latest_checkpoint
-from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer, TrainingArguments
+from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer
 from .order import length_grouped_order
+from .settings import RunSettings, override, setting
 
 logger = logging.getLogger("bertforge")
 
@@ -57,35 +58,29 @@ PAPER_LR_GRID = (5e-5, 4e-5, 3e-5, 2e-5)  # Appendix A.3 (with batch 16 or 32 an
 
 
 @dataclass
-class FinetuneArguments:
-    """The flags every fine-tuning task shares. Defaults are the paper's GLUE recipe (§4.1, A.3)."""
+class FinetuneArguments(RunSettings):
+    """The settings every fine-tuning task shares (settings.py declares them). Defaults are the paper's
+    GLUE recipe (§4.1, A.3); `bertforge finetune` overrides lr, epochs and batch size per task."""
 
-    output_dir: str | os.PathLike
-    lr: float = 2e-5
-    epochs: float = 3.0
-    batch_size: int = 32
-    grad_accum: int = 1
-    max_steps: int | None = None  # instead of epochs
-    warmup_ratio: float = 0.1
-    weight_decay: float = 0.01
-    max_grad_norm: float | None = 1.0
-    precision: str = "fp32"
-    seed: int = 42
-    eval_every: int | None = None  # also evaluate every N steps (always at each epoch's end)
-    eval_batch_size: int = 128
-    log_every: int = 10
-    save_every: int | None = None  # training checkpoints for --resume (the best model is kept regardless)
-    keep_last: int | None = 1
-    resume: bool = False  # continue OUT's run from its latest checkpoint (a grid: skip the finished runs)
-    max_minutes: float | None = None
-    # Uniformly shuffled batches, as Google's run_classifier and the peer's Trainer: on RTE, 3 seeds, batches
-    # of similar length scored 53.6 ± 1.1 against 55.5 ± 2.5 (RESULTS.md). Unpadded execution makes the
-    # mixed-length batches cost about what length-grouped ones do (no compute is spent on padding).
-    group_by_length: bool = False
-    unpad: bool = True  # the encoder computes only the real tokens of each batch (training and evaluation)
-    num_threads: int | None = None
-    device: str | None = None
-    progress: bool = True
+    lr: float = override(RunSettings, "lr", 2e-5)
+    epochs: float = override(RunSettings, "epochs", 3.0)
+    warmup_ratio: float = override(RunSettings, "warmup_ratio", 0.1)
+    seed: int = override(RunSettings, "seed", 42)
+    eval_every: int | None = override(RunSettings, "eval_every",
+                                      help="also evaluate every N steps (always at each epoch's end)")
+    eval_batch_size: int = override(RunSettings, "eval_batch_size", 128, help="examples per evaluation batch")
+    save_every: int | None = override(RunSettings, "save_every", help="training checkpoints every N steps, for "
+                                      "--resume (the best model is kept regardless)")
+    keep_last: int | None = override(RunSettings, "keep_last", 1)
+    max_minutes: float | None = override(RunSettings, "max_minutes",
+                                         help="wall-clock budget per run: then stop, evaluate, keep the best")
+    resume: bool = override(RunSettings, "resume", False, help="continue OUT's run (a grid: skip finished runs)",
+                            action="store_true", nargs=None, const=None, metavar=None)
+    # Uniformly shuffled batches, as Google's run_classifier and the peer's Trainer: batches of similar
+    # length scored lower on RTE (RESULTS.md). Unpadded execution makes the mixed-length batches cost
+    # about what length-grouped ones do (no compute is spent on padding).
+    group_by_length: bool = setting(False, "batch examples of similar length (less padding; default: uniformly "
+                                    "shuffled batches, which --unpad makes as cheap)", negatable=True)
 
 
 @dataclass
@@ -129,14 +124,9 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
         lengths = list(task.lengths)
         order_fn = functools.partial(length_grouped_order, lengths, args.batch_size * args.grad_accum)
 
-    training = TrainingArguments(
-        output_dir=output_dir, batch_size=args.batch_size, grad_accum=args.grad_accum, epochs=args.epochs,
-        max_steps=args.max_steps, lr=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
-        precision=args.precision, max_grad_norm=args.max_grad_norm, seed=args.seed, log_every=args.log_every,
-        save_every=args.save_every, keep_last=args.keep_last, eval_every=args.eval_every,
-        eval_batch_size=args.eval_batch_size, drop_last=False, num_threads=args.num_threads, device=args.device,
-        progress=args.progress, save_final=bool(args.save_every), max_minutes=args.max_minutes,
-        eval_each_epoch=True, best_metric=task.main_metric, greater_is_better=task.greater_is_better)
+    training = args.training_arguments(
+        output_dir=output_dir, drop_last=False, save_final=bool(args.save_every), eval_each_epoch=True,
+        best_metric=task.main_metric, greater_is_better=task.greater_is_better)
     latest: dict[str, Any] = {}
 
     def evaluator(module: nn.Module) -> dict[str, float]:

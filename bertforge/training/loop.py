@@ -9,8 +9,7 @@ model), state.py (checkpoints, exact resume, divergence), distributed.py (proces
 wrapping). The Trainer knows no model class: a module that needs preparing for CPU training says so
 (`prepare_cpu_training`), and one that FSDP should shard as a unit says so (`fsdp_unit`).
 
-This file is over 400 lines only while `TrainingArguments` (50 lines) is defined here; it moves to
-settings.py, the one definition of each training setting.
+The settings it reads, `TrainingArguments`, are declared in settings.py (each training setting once).
 
 **Batches.** `batch_size` is the micro-batch of all processes together; each of the W processes of a
 `torchrun` job reads `batch_size / W` examples of it, and one optimizer step consumes
@@ -51,6 +50,7 @@ from .optim import build_optimizer
 from .order import (DataPosition, Phase, StepPlan, epoch_permutation, phase_steps,  # noqa: F401 (re-exported)
                     training_steps)
 from .schedule import budget_schedule, linear_schedule
+from .settings import TrainingArguments
 from .state import EXPLODING_FACTOR, RESUME_SETTINGS, NonFiniteLossError, TrainingState  # noqa: F401 (re-exported)
 from .window import MetricWindow, default_count, default_tokens
 
@@ -65,57 +65,6 @@ Metrics = Mapping[str, Any]
 StepFn = Callable[[nn.Module, Batch], tuple[torch.Tensor | Mapping[str, torch.Tensor], Metrics]]
 EvalFn = Callable[[nn.Module, Batch], Metrics]
 CountFn = Callable[[Batch], float | Mapping[str, float]]
-
-
-@dataclass
-class TrainingArguments:
-    output_dir: str | os.PathLike
-    batch_size: int = 32  # micro-batch of all processes together
-    grad_accum: int = 1
-    max_steps: int | None = None  # optimizer steps (over all phases); None: `epochs` decides
-    epochs: float | None = None  # passes over the (first phase's) dataset
-    lr: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None
-    warmup_ratio: float | None = None
-    precision: str = "fp32"  # fp32 | bf16 | fp16 (autocast; fp16 with a grad scaler)
-    max_grad_norm: float | None = 1.0  # global-norm clipping; None or 0: none
-    seed: int = 0
-    log_every: int = 10
-    save_every: int | None = None  # None or 0: a checkpoint only at the end
-    keep_last: int | None = 3
-    eval_every: int | None = None  # None or 0: evaluate only at the end (when there is eval data)
-    eval_batch_size: int | None = None  # per process; default batch_size / world size
-    drop_last: bool = True  # an epoch's last, incomplete step is skipped (else taken, smaller)
-    num_workers: int = 0  # DataLoader worker processes
-    num_threads: int | None = None  # torch intra-op threads; see distributed.configure_threads
-    device: str | None = None  # default: cuda (this process's GPU) when there is one, else cpu
-    fsdp: bool = False  # shard parameters, gradients and optimizer state (FullyShardedDataParallel)
-    find_unused_parameters: bool = False  # DDP: a task whose step leaves some parameters without gradient
-    progress: bool = True  # tqdm progress bar (main process only)
-    save_final: bool = True  # a checkpoint at the last step
-    max_minutes: float | None = None  # wall-clock budget of training (resumed runs included); then stop as if done
-    budget_schedule: bool = False  # warm-up and decay over max_minutes' time, not the steps: lr 0 when it is spent
-    eval_each_epoch: bool = False  # also evaluate at the end of every epoch
-    best_metric: str | None = None  # an evaluation result (without "eval_") that picks the best model
-    greater_is_better: bool = True
-    keep_freed_memory: bool = True  # CPU: keep freed tensors' pages in the process (memory.keep_freed_memory)
-
-    def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {self.precision!r}")
-        for name in ("batch_size", "grad_accum", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
-        if self.max_minutes is not None and self.max_minutes <= 0:
-            raise ValueError(f"max_minutes must be > 0, got {self.max_minutes}")
-        if self.budget_schedule and self.max_minutes is None:
-            raise ValueError("budget_schedule (--budget-schedule) needs max_minutes (--max-minutes), "
-                             "the budget it runs over")
 
 
 @dataclass

@@ -1,0 +1,57 @@
+"""The `bertforge` command: parses flags and calls the library. Each sub-command is one stage."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .._checks import check_flags, check_positions
+from ..modeling.pretrained import resolve_model_dir
+from ..training import NonFiniteLossError
+from . import (convert_tf, export_onnx, features, finetune, plot, predict, prepare, pretrain, quickstart, serve,
+               vocab)
+
+# The sub-commands in --help's order; each module's `register` adds its parser, whose `func` runs it
+# (and `check`, where a command has one, judges its flags together before anything loads).
+COMMANDS = (quickstart, vocab, features, convert_tf, prepare, pretrain, finetune, predict, plot, export_onnx, serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every sub-command."""
+    parser = argparse.ArgumentParser(prog="bertforge", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for command in COMMANDS:
+        command.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line `argv` (default: sys.argv[1:]); 0 on success, 2 for input to fix (one line on
+    stderr, no traceback)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(features.attach_negative_values(argv))
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        check_flags(args)  # every flag's limits, before a model is fetched or loads, or data is read
+        if getattr(args, "check", None) is not None:
+            args.check(args)
+        # A Hub id names a model as a directory does (serve resolves its own, to report a failure its way).
+        for flag in ("model", "init_from"):
+            if isinstance(getattr(args, flag, None), str) and args.command != "serve":
+                setattr(args, flag, str(resolve_model_dir(getattr(args, flag))))
+        check_positions(args)  # again: a Hub model's config.json is here once fetched
+        args.func(args)
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as error:
+        # Bad input is the user's to fix: one clear line, no traceback.
+        print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as error:
+        # A diverged run (too high a learning rate, ...): one line naming the checkpoint to resume from.
+        print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+__all__ = ["build_parser", "main"]
