@@ -199,7 +199,9 @@ def test_the_task_family_comes_from_the_flag_or_the_model(tmp_path):
     assert task_family("squad_v2", str(tmp_path)) == "answer"
     assert task_family("mrpc", str(tmp_path)) == "classify"  # a GLUE task
     assert task_family("multiple-choice", str(tmp_path)) == "multiple-choice"
-    assert task_family(None, str(tmp_path / "missing")) is None
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    assert task_family(None, str(tmp_path / "bare")) is None  # neither a head nor a finetuning_task says
 
 
 def test_cli_imports_at_module_top_except_optional_extras():

@@ -8,6 +8,8 @@ import glob
 import json
 from pathlib import Path
 
+from ..tasks.registry import family_for_checkpoint, resolve
+
 
 def expand(patterns: list[str]) -> list[str]:
     """The files the globs name (sorted per pattern); FileNotFoundError for a pattern that matches none."""
@@ -29,26 +31,19 @@ def model_config(model_dir: str) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-# The task families `predict` dispatches on, by every name that means them (the rest is classification:
-# classify or a GLUE task). Replaced by the task registry's resolver where it exists.
-_FAMILY_NAMES = {
-    "answer": ("answer", "squad", "squad_v2", "question-answering", "qa"),
-    "tag": ("tag", "ner", "token-classification", "tagging"),
-    "multiple-choice": ("multiple-choice", "multiple_choice", "choice", "swag"),
-}
-
-
 def task_family(task: str | None, model_dir: str) -> str | None:
-    """The family of the task a command works with: `--task` (a name or an alias) when given, else the
-    task the model was fine-tuned for (`finetuning_task` in its config.json); "classify" for any other
-    name, None when neither says.
-
-    The command line's one place that maps a task name or a checkpoint to its task family.
+    """The family of the task a command works with (the task registry's canonical name): `--task` (a
+    name or an alias) when given, else the checkpoint's (`family_for_checkpoint`: its head, else the
+    `finetuning_task` in its config.json); "classify" for a name the registry does not know (the
+    classification reader reports it), None when neither says.
     """
-    task = task or model_config(model_dir).get("finetuning_task")
     if task is None:
-        return None
-    return next((family for family, names in _FAMILY_NAMES.items() if task in names), "classify")
+        family = family_for_checkpoint(model_dir, default=None)
+        return None if family is None else family.name
+    try:
+        return resolve(task).name
+    except ValueError:
+        return "classify"
 
 
 def report_finetune(results: dict, output_dir: str) -> None:
