@@ -1,5 +1,5 @@
-"""Fixtures shared by every test folder: the shared data, the packaged MiniLM checkpoint, and two processes
-under torchrun.
+"""Fixtures shared by every test folder: the shared data, the packaged MiniLM checkpoint, tiny random
+checkpoints, and two processes under torchrun.
 
 The data is read in place from the read-only `../shared/data` beside the repository (see its
 PROVENANCE.md) and is never copied into the repository; a test that needs it is skipped only where
@@ -18,6 +18,8 @@ from typing import Iterator
 
 import pytest
 import torch
+
+from bertforge import BertConfig, BertModel, BertTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 # Models named by Hub id come from the cache only: nothing in the suite touches a network.
@@ -123,3 +125,30 @@ def hub_cache(tmp_path, monkeypatch) -> Path:
 def add_to_hub_cache_fixture():
     """`add_to_hub_cache(cache, repo_id, commit, files, ref="main")` for tests in any folder."""
     return add_to_hub_cache
+
+
+# A small encoder for tests that need a checkpoint but not a real one: 2 layers, H=32, 2 heads.
+SMALL_ENCODER = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                     max_position_embeddings=64)
+
+
+def _save_tiny_checkpoint(directory: Path, vocab: list[str], *, preset: str | None = None, **config) -> Path:
+    """A randomly initialised BertModel (seed 0) and an uncased tokenizer over `vocab` (one token per line,
+    in order) saved in `directory`. The architecture is `BertConfig.preset(preset)` or `SMALL_ENCODER`,
+    each with `config` applied; vocab_size is len(vocab)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    if preset is not None:
+        model_config = BertConfig.preset(preset, vocab_size=len(vocab), **config)
+    else:
+        model_config = BertConfig(vocab_size=len(vocab), **{**SMALL_ENCODER, **config})
+    torch.manual_seed(0)
+    BertModel(model_config).save_pretrained(directory)
+    BertTokenizer(directory / "vocab.txt", do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def save_tiny_checkpoint():
+    """`save_tiny_checkpoint(directory, vocab, preset=None, **config) -> directory` (see _save_tiny_checkpoint)."""
+    return _save_tiny_checkpoint

@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from bertforge import BertForPreTraining
 from bertforge.cli import main
 from bertforge.quickstart import run_quickstart
@@ -26,6 +28,7 @@ def test_convert_tf_missing_checkpoint(tmp_path, capsys):
     assert "nothing" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_quickstart_pipeline_learns(tmp_path, capsys):
     # The real pipeline, shortened: the held-out masked-LM loss must fall from its first evaluation.
     run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16, genre_epochs=1, genre_max_examples=256)

@@ -258,7 +258,14 @@ def model_dir(tmp_path_factory, uncased_vocab) -> Path:
     return directory
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[b["name"] for b in BLOCKS])
+def _is_slow(block: dict) -> bool:
+    """Blocks that run the quickstart or two torchrun processes take minutes: marked `slow`."""
+    return any(command[:2] in (["bertforge", "quickstart"], ["make", "quickstart"]) or command[0] == "torchrun"
+               for command in block["commands"])
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, marks=[pytest.mark.slow] if _is_slow(b) else []) for b in BLOCKS],
+                         ids=[b["name"] for b in BLOCKS])
 def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, capsys, tmp_path, add_to_hub_cache):
     if block["skip"]:
         pytest.skip(block["skip"])

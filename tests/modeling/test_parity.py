@@ -231,6 +231,7 @@ def check_pretraining(ours, peer, seed: int, google_layout: bool = True):
     assert abs(a.mlm_loss.item() - F.cross_entropy(expected[:, 0], google_labels[:, 0]).item()) <= TOL
 
 
+@pytest.mark.slow
 def test_base_pretraining_matches_peer(base_pretraining):
     check_pretraining(*base_pretraining, seed=7, google_layout=False)
 

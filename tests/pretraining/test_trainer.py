@@ -114,6 +114,7 @@ def _cli_args(corpus: Path, config: Path, out: Path, *extra: str) -> list[str]:
             "--warmup-steps", "2", "--log-every", "1", "--save-every", "3", "--no-progress", *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
 def test_two_processes_match_one_with_the_same_global_batch(corpus, tmp_path, sharding, torchrun):
     config = tiny_json(tmp_path, dropout=0.0)  # the processes' dropout masks could not match one process's

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertforge import BertConfig, BertModel
 from bertforge.cli import main
 from bertforge.modeling import BertForMultipleChoice
 from bertforge.tasks.choice import (TASK_NAME, ChoiceExample, collate, convert_examples_to_features,
@@ -21,14 +20,9 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "a", "cat", "dog",
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
+def tiny_dir(tmp_path_factory, save_tiny_checkpoint):
     """A randomly initialised tiny BERT with a 25-word vocabulary."""
-    directory = tmp_path_factory.mktemp("tiny_choice")
-    (directory / "vocab.txt").write_text("\n".join(WORDS) + "\n")
-    BertTokenizer(directory / "vocab.txt").save_pretrained(directory)
-    torch.manual_seed(0)
-    BertModel(BertConfig.preset("tiny", vocab_size=len(WORDS), max_position_embeddings=64)).save_pretrained(directory)
-    return directory
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_choice"), WORDS, preset="tiny", max_position_embeddings=64)
 
 
 # ---------------------------------------------------------------------------- reading

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from bertforge import BertConfig, BertModel
+from bertforge import BertModel
 from bertforge.cli import main
 from bertforge.tasks.features import extract_features, read_examples
 from bertforge.tokenization import BertTokenizer
@@ -14,13 +14,8 @@ WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on"
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny")
-    (directory / "vocab.txt").write_text("\n".join(WORDS) + "\n")
-    BertTokenizer(directory / "vocab.txt").save_pretrained(directory)
-    torch.manual_seed(0)
-    BertModel(BertConfig.preset("tiny", vocab_size=len(WORDS), num_hidden_layers=3)).save_pretrained(directory)
-    return directory
+def tiny_dir(tmp_path_factory, save_tiny_checkpoint):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), WORDS, preset="tiny", num_hidden_layers=3)
 
 
 def test_output_matches_hidden_states(tiny_dir, tmp_path):

@@ -15,7 +15,6 @@ from bertforge.cli import main
 from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel
 from bertforge.tasks.classification import classify_task, predict_file
 from bertforge.tasks.glue import glue_task
-from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneArguments, describe, finetune, finetune_grid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,17 +26,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    """A random BERT-Tiny-shaped encoder with a word-level vocabulary, saved as a checkpoint."""
-    directory = tmp_path_factory.mktemp("tiny")
+def tiny_model(tmp_path_factory, save_tiny_checkpoint) -> Path:
+    """A random small encoder with a word-level vocabulary, saved as a checkpoint."""
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + POSITIVE + NEGATIVE + FILLER
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
-    BertModel(config).save_pretrained(directory)
-    BertTokenizer(directory / "vocab.txt", do_lower_case=True).save_pretrained(directory)
-    return directory
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), vocab)
 
 
 def sentences(count: int, seed: int) -> list[tuple[str, str]]:

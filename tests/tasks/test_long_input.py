@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from bertforge import BertConfig, BertModel
 from bertforge.cli import main
 from bertforge.tasks.classification import (InputExample, classify_task, convert_examples_to_features,
                                             convert_examples_to_window_features, predict_examples, predict_file)
@@ -21,13 +20,8 @@ FILLER = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "far", "and", "th
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny_long")
-    (directory / "vocab.txt").write_text("\n".join(WORDS) + "\n")
-    BertTokenizer(directory / "vocab.txt").save_pretrained(directory)
-    torch.manual_seed(0)
-    BertModel(BertConfig.preset("tiny", vocab_size=len(WORDS), max_position_embeddings=64)).save_pretrained(directory)
-    return directory
+def tiny_dir(tmp_path_factory, save_tiny_checkpoint):
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_long"), WORDS, preset="tiny", max_position_embeddings=64)
 
 
 @pytest.fixture(scope="module")

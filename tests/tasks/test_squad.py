@@ -10,11 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bertforge.cli import main
 from bertforge.metrics.squad import evaluate_v1, evaluate_v2
-from bertforge.modeling import BertConfig, BertModel
 from bertforge.tasks.squad import (SquadExample, SquadSettings, answer_questions,
                                    convert_examples_to_features, postprocess, predict_squad_file, read_squad_file,
                                    squad_task)
@@ -33,19 +31,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
+def tiny_dir(tmp_path_factory, save_tiny_checkpoint) -> Path:
     """A tiny random BERT (2 layers, H=32) with a small uncased vocabulary: words, letters, ##letters."""
-    directory = tmp_path_factory.mktemp("tiny_squad")
     tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *string.ascii_lowercase,
               *[f"##{c}" for c in string.ascii_lowercase], *string.digits, *".,!?;:'\"()-", *WORDS]
-    (directory / "vocab.txt").write_text("\n".join(dict.fromkeys(tokens)) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizer(directory / "vocab.txt", do_lower_case=True)
-    tokenizer.save_pretrained(directory)
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=128)
-    BertModel(config).save_pretrained(directory)
-    return directory
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny_squad"), list(dict.fromkeys(tokens)),
+                                max_position_embeddings=128)
 
 
 @pytest.fixture(scope="module")

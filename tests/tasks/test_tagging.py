@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertforge.cli import main
-from bertforge.modeling import BertConfig, BertModel
+from bertforge.modeling import BertModel
 from bertforge.modeling.heads import TaskOutput
 from bertforge.tasks.feature_based import (FEATURE_STRATEGIES, BiLSTMTagger, cache_word_features, feature_ner_task)
 from bertforge.tasks.tagging import (IGNORE_INDEX, build_windows, label_list_from, ner_metrics, ner_task,
@@ -36,27 +36,19 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-def make_checkpoint(directory: Path, layers: int = 2) -> Path:
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + PERSONS + ["paris"] + FILLER + PIECES
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64)
-    BertModel(config).save_pretrained(directory)
-    BertTokenizer(directory / "vocab.txt", do_lower_case=True).save_pretrained(directory)
-    return directory
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + PERSONS + ["paris"] + FILLER + PIECES
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
+def tiny_model(tmp_path_factory, save_tiny_checkpoint) -> Path:
     """A random 2-layer encoder with a word-level vocabulary (some words split into two pieces)."""
-    return make_checkpoint(tmp_path_factory.mktemp("tiny"))
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), VOCAB)
 
 
 @pytest.fixture(scope="module")
-def tiny_model_4(tmp_path_factory) -> Path:
+def tiny_model_4(tmp_path_factory, save_tiny_checkpoint) -> Path:
     """The same with 4 layers, for the last-four-layers feature strategies."""
-    return make_checkpoint(tmp_path_factory.mktemp("tiny4"), layers=4)
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny4"), VOCAB, num_hidden_layers=4)
 
 
 def toy_sentence(rng: random.Random) -> list[tuple[str, str]]:

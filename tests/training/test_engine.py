@@ -400,6 +400,7 @@ def test_budget_schedule_decays_to_zero_as_the_budget_is_spent(tmp_path, slow_st
     assert lrs == pytest.approx([0.0, 10 / 15, 40 / 45, 30 / 45, 20 / 45, 10 / 45])
 
 
+@pytest.mark.slow
 def test_budget_schedule_under_ddp_follows_the_slowest_process(tmp_path, torchrun):
     """Two processes whose steps take 10 s and 15 s of a fake clock: both step with the rate of the slower
     one's spent budget and stop at the same step (rank 0 alone would stop after step 6)."""
