@@ -1,26 +1,11 @@
 """Named-entity recognition (§4.3, CoNLL-2003) by fine-tuning: the training step, prediction, the task.
 
-* `read_conll(path)`: the CoNLL column format (`word POS chunk TAG`, whitespace-separated, a blank line
-  between sentences, `-DOCSTART-` lines between documents). Any number of columns: the word is the
-  first, the tag the last. IOB1 tags (an entity starts with I- unless it follows one of its own type)
-  are converted to IOB2 on reading, so the model always learns "B- starts an entity"; IOB2 and BIOES
-  pass unchanged. A malformed line is an error naming `file:line`.
-* The paper's tagging: each word is tokenized on its own, the first sub-token carries the word's label,
-  the other sub-tokens get -100 (ignored by the loss) and are never read at prediction.
-* `build_windows`: one model input per sentence (`[CLS] pieces [SEP]`). With `document_context`, the
-  rest of the window is filled with the neighbouring tokens of the same document, half on each side
-  (the other side takes what one side cannot use), and only the centre sentence is labelled and
-  predicted: the paper's "maximal document context". A sentence longer than a window is cut into
-  consecutive chunks of whole words, each chunk predicted in its own window (with the rest of the
-  sentence, or document, as context), so no word is ever dropped from the evaluation.
-* `ner_metrics`: entity-level precision, recall and F1 with conlleval's semantics (seqeval's
-  `get_entities` is conlleval's chunk logic: an I- after O or another type starts an entity), micro
-  over all entities and per entity type, plus token accuracy.
 * `ner_task(...)`: the `FinetuneTask` for `bertforge finetune ner`; `predict_conll(...)`: a fine-tuned
   model's tags for a CoNLL file, written as its columns plus a predicted tag column.
 
-The CoNLL data this builds on (reader, windows, batches, metrics, shared with the feature-based
-approach) is `bertforge.tasks.conll`; its names stay importable from here.
+The CoNLL data this builds on (reader, first-sub-token labels, windows with maximal document context,
+batches, conlleval metrics, shared with the feature-based approach) is `bertforge.tasks.conll`, whose
+docstring states the rules; its names stay importable from here.
 """
 
 from __future__ import annotations

@@ -197,6 +197,16 @@ class Pipeline:
     def preprocess(self, *inputs: Any, **options: Any) -> list[Feature]:
         raise NotImplementedError
 
+    def encode_texts(self, texts: list[str], text_pairs: Any = None) -> list[Feature]:
+        """One unpadded Feature per text (with its pair, when `text_pairs` is given and as long as `texts`),
+        each cut to `max_length` tokens: the preprocessing of the sentence and sentence-pair pipelines."""
+        if text_pairs is not None:
+            text_pairs = check_texts(text_pairs, "text_pairs")
+            if len(text_pairs) != len(texts):
+                raise PipelineInputError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
+        rows = self.tokenizer.encode_batch(texts, text_pairs, max_length=self.max_length, padding=False)
+        return [Feature(i, r["input_ids"], r["token_type_ids"]) for i, r in enumerate(rows)]
+
     def postprocess(self, inputs: tuple, features: list[Feature], outputs: list[dict[str, np.ndarray]],
                     **options: Any) -> Any:
         """Results for each input; `inputs` are the (checked) positional inputs, e.g. (texts,)."""

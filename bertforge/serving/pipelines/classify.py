@@ -9,7 +9,7 @@ from ...modeling import BertForSequenceClassification
 from ...tasks.arrays import softmax
 from ..graphs import LogitsGraph
 from ..registry import register_pipeline
-from .base import Feature, Pipeline, PipelineInputError, check_texts
+from .base import Pipeline
 
 
 @register_pipeline("classify")
@@ -35,12 +35,7 @@ class ClassifyPipeline(Pipeline):
         return [id2label.get(i, f"LABEL_{i}") for i in range(self.config.num_labels)]
 
     def preprocess(self, texts, text_pairs=None):
-        if text_pairs is not None:
-            text_pairs = check_texts(text_pairs, "text_pairs")
-            if len(text_pairs) != len(texts):
-                raise PipelineInputError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
-        rows = self.tokenizer.encode_batch(texts, text_pairs, max_length=self.max_length, padding=False)
-        return [Feature(i, r["input_ids"], r["token_type_ids"]) for i, r in enumerate(rows)]
+        return self.encode_texts(texts, text_pairs)
 
     def postprocess(self, inputs, features, outputs, text_pairs=None):
         labels = self.labels

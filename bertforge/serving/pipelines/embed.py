@@ -9,7 +9,7 @@ import numpy as np
 from ...modeling import BertModel
 from ..graphs import HiddenStatesGraph
 from ..registry import register_pipeline
-from .base import Feature, Pipeline, PipelineInputError, check_texts
+from .base import Pipeline, PipelineInputError
 
 
 @register_pipeline("embed")
@@ -39,12 +39,7 @@ class EmbedPipeline(Pipeline):
         if pooling not in ("cls", "mean"):
             raise PipelineInputError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
         self._layer_indexes(layers)
-        if text_pairs is not None:
-            text_pairs = check_texts(text_pairs, "text_pairs")
-            if len(text_pairs) != len(texts):
-                raise PipelineInputError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
-        rows = self.tokenizer.encode_batch(texts, text_pairs, max_length=self.max_length, padding=False)
-        return [Feature(i, r["input_ids"], r["token_type_ids"]) for i, r in enumerate(rows)]
+        return self.encode_texts(texts, text_pairs)
 
     def _layer_indexes(self, layers) -> list[int]:
         num_layers = self.config.num_hidden_layers
