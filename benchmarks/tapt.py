@@ -2,7 +2,7 @@
 unlabelled text pay off when that task has only 1,000 labelled sentences?
 
     python benchmarks/tapt.py --task sst2  --output-dir runs/tapt-sst2  [--minutes 60] [--seeds 5] [--extend-vocab]
-    python benchmarks/tapt.py --task conll --output-dir runs/tapt-conll [--minutes 60] [--seeds 5] [--extend-vocab]
+    python benchmarks/tapt.py --task conll --output-dir runs/tapt-conll [--minutes 60 | --steps N] [--seeds 5] [--extend-vocab]
     python benchmarks/tapt.py --compare-scratch --output-dir runs/tapt-books [--minutes 60]
 
 One resumable command: each stage writes into OUT and is skipped when its finished output is there
@@ -21,7 +21,8 @@ is simply run again after an interruption.
   2. data/       prepare-pretraining with MiniLM's vocab.txt: dynamic masking for training (new masks each
                  epoch: the corpus is small and is seen many times), static masks for the held-out part
                  (the same masked tokens at every evaluation).
-  3. pretrain/   bertforge pretrain --init-from MiniLM --no-nsp --max-minutes M --budget-schedule, held-out
+  3. pretrain/   bertforge pretrain --init-from MiniLM --no-nsp --max-minutes M --budget-schedule (or
+                 --max-steps N with --steps N: a busy machine then changes only the wall time), held-out
                  masked-LM loss every --eval-every steps. MiniLM has no MLM head: it starts new, so the
                  first evaluations mostly measure the head learning to read the encoder.
   4. labelled/   a seeded sample of --labelled training sentences (the same for every arm and seed) and the
@@ -181,6 +182,14 @@ def stage_prepare(args, out: Path, name: str, corpus: Path, vocab: Path, dynamic
     return target
 
 
+def budget(args) -> list:
+    """`bertforge pretrain`'s budget flags: --steps N (the lr schedule spans N steps; the result does
+    not depend on how busy the machine is), else --minutes M with the schedule fitted to the minutes."""
+    if args.steps:
+        return ["--max-steps", args.steps]
+    return ["--max-steps", 10_000_000, "--max-minutes", args.minutes, "--budget-schedule"]
+
+
 def stage_pretrain(args, out: Path, name: str, data: Path, held_out: Path, vocab: Path | None,
                    init: list[str]) -> Path:
     """bertforge pretrain into OUT/NAME; OUT/NAME/final (vocab.txt written last) says it finished."""
@@ -196,7 +205,7 @@ def stage_pretrain(args, out: Path, name: str, data: Path, held_out: Path, vocab
         shutil.rmtree(target)  # started but never checkpointed: nothing to keep
     bertforge("pretrain", *init, "--data", data, "--eval-data", held_out, "--output-dir", target,
               *(["--vocab", vocab] if vocab else []), "--no-nsp", "--batch-size", args.batch_size,
-              "--max-steps", 10_000_000, "--max-minutes", args.minutes, "--budget-schedule",
+              *budget(args),
               "--eval-every", args.eval_every, "--save-every", args.save_every, "--log-every", args.eval_every,
               "--seed", args.pretrain_seed, "--no-progress", *resume, stage=name)
     return final
@@ -291,8 +300,9 @@ def pretraining_summary(run: Path) -> dict:
             "last_record": {k: last[k] for k in ("step", "elapsed", "lr") if k in last}}
 
 
-def plot_curves(runs: dict[str, Path], output: Path, title: str) -> None:
-    """Held-out masked-LM loss against training minutes (evaluation excluded), one line per run."""
+def plot_curves(runs: dict[str, Path], output: Path, title: str, x: str = "minutes") -> None:
+    """Held-out masked-LM loss against training minutes (evaluation excluded) or, x="step", steps;
+    one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -301,8 +311,8 @@ def plot_curves(runs: dict[str, Path], output: Path, title: str) -> None:
     figure, axis = plt.subplots(figsize=(6, 4))
     for label, run in runs.items():
         points = pretraining_summary(run)["heldout_mlm_loss"]
-        axis.plot([p["minutes"] for p in points], [p["loss"] for p in points], marker="o", label=label)
-    axis.set_xlabel("training minutes")
+        axis.plot([p[x] for p in points], [p["loss"] for p in points], marker="o", label=label)
+    axis.set_xlabel("training minutes" if x == "minutes" else "training steps")
     axis.set_ylabel("held-out masked-LM loss")
     axis.set_title(title)
     axis.grid(alpha=0.3)
@@ -351,13 +361,15 @@ def run_task(args, out: Path) -> dict:
     labelled = stage_labelled(args, out)
     arms = {arm: stage_finetune(args, out, arm, path, labelled) for arm, path in arms_models.items()}
     plot = out / "plots" / "heldout_mlm_loss.png"
-    plot_curves(curves, plot, f"continued pre-training on {args.task}'s text (all-MiniLM-L6-v2)")
+    plot_curves(curves, plot, f"continued pre-training on {args.task}'s text (all-MiniLM-L6-v2)",
+                x="step" if args.steps else "minutes")
     delta = round(arms["tapt"]["mean"] - arms["direct"]["mean"], 2)
     return {"experiment": "tapt", "task": args.task, "metric": MAIN_METRIC[args.task], "labelled": args.labelled,
             "dev_examples": args.dev_examples or "all", "seeds": args.seeds,
             "recipe": {"batch_size": 32, "lr": args.lr, "epochs": args.epochs, "warmup_ratio": 0.1,
                        "max_seq_length": 128, "score": "best epoch on dev"},
-            "pretraining": {"budget_minutes": args.minutes, "batch_size": args.batch_size,
+            "pretraining": {**({"budget_steps": args.steps} if args.steps else {"budget_minutes": args.minutes}),
+                            "batch_size": args.batch_size,
                             "max_seq_length": args.max_seq_length, **pretraining_summary(out / "pretrain")},
             **({"pretraining_extended_vocab": pretraining_summary(out / "pretrain-x"), "vocabulary": vocabulary}
                if args.extend_vocab else {}),
@@ -417,6 +429,8 @@ def main() -> int:
     parser.add_argument("--compare-scratch", action="store_true", help="the books plot instead of a task")
     parser.add_argument("--output-dir", type=Path, required=True)
     parser.add_argument("--minutes", type=float, default=60.0, help="pre-training budget per run (--max-minutes)")
+    parser.add_argument("--steps", type=int, help="a task's pre-training budget in steps instead of --minutes "
+                        "(the same result on a busy machine); --compare-scratch always uses --minutes")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--labelled", type=int, default=1000, help="labelled training sentences for fine-tuning")
     parser.add_argument("--dev-examples", type=int, help="the first N dev sentences only (smoke tests)")
@@ -437,8 +451,8 @@ def main() -> int:
     args = parser.parse_args()
     if (args.task is None) == (not args.compare_scratch):
         parser.error("give --task sst2|conll or --compare-scratch (one of them)")
-    if args.minutes <= 0 or args.seeds < 1 or args.labelled < 1:
-        parser.error("--minutes, --seeds and --labelled must be positive")
+    if args.minutes <= 0 or args.seeds < 1 or args.labelled < 1 or (args.steps is not None and args.steps < 1):
+        parser.error("--minutes, --steps, --seeds and --labelled must be positive")
     needed = ([args.data / "glue" / "SST-2" / "train.tsv", args.data / "glue" / "SST-2" / "dev.tsv"]
               if args.task == "sst2" else
               [args.data / "conll2003" / "train.txt", args.data / "conll2003" / "valid.txt"] if args.task else [])

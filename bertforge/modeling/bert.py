@@ -14,7 +14,7 @@ are most of the work.
 This file holds the paper's layers, top to bottom, each with its padded and packed forward. The
 machinery of the fast paths lives beside it: packing.py (the unpadded path: `Packing`, row buckets,
 packed attention) and kernels.py (CPU inference: reused buffers, in-place updates, the oneDNN linear,
-the fused QKV storage). It is a little over 400 lines because the layers and `BertModel.forward`'s
+the fused QKV storage); dropout.py the CPU dropout mask. It is a little over 400 lines because the layers and `BertModel.forward`'s
 choice between the paths read best in one place.
 """
 
@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .dropout import Dropout, dropout, scaled_dot_product_attention
 from .kernels import (_ONEDNN_LINEAR, Linear, Workspace, _autocasting, inplace_activation,  # noqa: F401
                       linear, may_overwrite_output, onednn_linear_op, project, share_storage, stacked_parameter)
 from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size, packed_attention  # noqa: F401 (re-exported)
@@ -58,7 +59,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def check_length(self, seq_length: int) -> None:
         max_positions = self.position_embeddings.num_embeddings
@@ -152,13 +153,13 @@ class MultiHeadSelfAttention(nn.Module):
             if mask is not None:
                 scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
             probs = scores.softmax(dim=-1)
-            context = F.dropout(probs, dropout_p, self.training) @ value
+            context = dropout(probs, dropout_p, self.training) @ value
         else:
             probs = None
             keys = seq_length if mask is None else mask.shape[-1]
             if keys < seq_length:  # the mask covers only the keys any query may see (attention_mask_for)
                 key, value = key[:, :, :keys], value[:, :, :keys]
-            context = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+            context = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
         return context.transpose(1, 2).reshape(batch, seq_length, hidden), probs
 
     def _forward_packed(self, hidden_states: torch.Tensor, packing: Packing,
@@ -175,7 +176,7 @@ class ResidualLayerNorm(nn.Module):
         super().__init__()
         self.dense = Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor,
                 workspace: Workspace | None = None) -> torch.Tensor:
@@ -291,7 +292,7 @@ def attention_mask_for(attention_mask: torch.Tensor | None, seq_length: int, is_
 
 
 _WORKSPACE_MODULES = (Encoder, nn.ModuleList, TransformerLayer, Attention, MultiHeadSelfAttention,
-                      ResidualLayerNorm, FeedForwardExpansion, nn.Linear, Linear, nn.LayerNorm, nn.Dropout)
+                      ResidualLayerNorm, FeedForwardExpansion, nn.Linear, Linear, nn.LayerNorm, Dropout)
 
 
 class BertModel(PreTrainedBert):

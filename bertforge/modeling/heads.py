@@ -17,6 +17,7 @@ from torch import nn
 
 from .bert import BertModel, activation
 from .config import BertConfig
+from .dropout import Dropout
 from .pretrained import PreTrainedBert
 
 IGNORE_INDEX = -100
@@ -175,9 +176,9 @@ class BertForMaskedLM(PreTrainedBert):
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
 
 
-def _classifier_dropout(config: BertConfig) -> nn.Dropout:
+def _classifier_dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-    return nn.Dropout(p)
+    return Dropout(p)
 
 
 class BertForSequenceClassification(PreTrainedBert):

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .dropout import scaled_dot_product_attention
 from .kernels import Workspace
 
 __all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "packed_attention"]
@@ -132,7 +133,7 @@ def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
     for start, count, length in packing.groups:
         rows = slice(start, start + count * length)
         query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
+        out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
         context[rows].view(count, length, heads, hidden // heads).copy_(out.transpose(1, 2))
     if packing.extra_rows:
         context[tokens - packing.extra_rows:].zero_()
