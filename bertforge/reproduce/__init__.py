@@ -5,7 +5,8 @@ more sizes; Table 7: BERT with fine-tuning against six frozen-feature strategies
 the same batches, fine-tunes each on downstream tasks built from held-out Shakespeare plays (and
 CoNLL-2003 for Table 7) with several seeds, and writes OUT/table.md (mean ± std, the paper's numbers
 beside), OUT/results.json and OUT/plots/. Modules: settings.py (the knobs, the rows, the paper's
-numbers), downstream.py (the tasks), pretrain.py, finetune.py, bilstm.py (Table 5's BiLSTM head),
+numbers), downstream.py (the tasks), pretrain.py, finetune.py, heads.py (the LTR model's last-token
+pooler, Table 5's BiLSTM head),
 report.py, run.py (the order of the stages and resumption).
 """
 

@@ -9,7 +9,8 @@ only the scores, the dev predictions and the logs are kept).
 Tasks: the four built from the plays (`downstream.py`) and, for Table 7, CoNLL-2003 (the first N
 sentences of train and dev). A variant's `features` strategy trains the feature-based BiLSTM tagger on
 the frozen encoder's features (`bertforge.tasks.feature_based`: cached once per variant and task,
-shared by the seeds); `bilstm` puts `BertBiLSTMForTokenClassification` on the encoder.
+shared by the seeds); `bilstm` puts `BertBiLSTMForTokenClassification` on the encoder; the LTR model's
+sentence-level tasks read the last token rather than [CLS] (`heads.pool_last_token`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..tasks.conll import read_conll
 from ..tasks.feature_based import feature_ner_task
 from ..tasks.tagging import ner_task, prepare_ner_data
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune
-from .bilstm import CONFIG_HIDDEN, BertBiLSTMForTokenClassification
+from .heads import CONFIG_HIDDEN, BertBiLSTMForTokenClassification, pool_last_token
 from .downstream import METRIC, TaskFiles, read_jsonl_examples
 from .settings import ReproduceSettings, Variant
 
@@ -64,17 +65,26 @@ def applies(variant: Variant, task: str) -> bool:
     return task in TOKEN_TASKS or not (variant.bilstm or variant.features)
 
 
+def sentence_task(task: str, model_dir: Path, files: TaskFiles) -> FinetuneTask:
+    """The sentence-level tasks: genre and reply (classification), continuation (multiple choice)."""
+    if task == "continuation":
+        return multiple_choice_task(model_dir, files.path(task, "train"), files.path(task, "dev"))
+    train = read_jsonl_examples(files.path(task, "train"), "train")
+    dev = read_jsonl_examples(files.path(task, "dev"), "dev")
+    labels = sorted({e.label for e in train + dev})
+    return classification_task(task, model_dir, train, {"dev": dev}, labels, main_metric="accuracy",
+                               metrics_fn=lambda split, predicted, gold: classify_metrics(predicted, gold, False))
+
+
 def build_task(task: str, variant: Variant, model_dir: Path, files: TaskFiles, conll: dict[str, Path] | None,
                settings: ReproduceSettings) -> FinetuneTask:
     """The FinetuneTask of `task` for the pre-trained model in `model_dir`, with the variant's head."""
-    if task in ("genre", "reply"):
-        train = read_jsonl_examples(files.path(task, "train"), "train")
-        dev = read_jsonl_examples(files.path(task, "dev"), "dev")
-        labels = sorted({e.label for e in train + dev})
-        return classification_task(task, model_dir, train, {"dev": dev}, labels, main_metric="accuracy",
-                                   metrics_fn=lambda split, predicted, gold: classify_metrics(predicted, gold, False))
-    if task == "continuation":
-        return multiple_choice_task(model_dir, files.path(task, "train"), files.path(task, "dev"))
+    if task in ("genre", "reply", "continuation"):
+        spec = sentence_task(task, model_dir, files)
+        if variant.objective != "ltr":
+            return spec
+        # A causal encoder's [CLS] has read nothing but itself: classify from the last token (heads.py).
+        return dataclasses.replace(spec, build_model=lambda: pool_last_token(spec.build_model()))
     train_file, dev_file = (conll["train"], conll["dev"]) if task == "conll" else \
         (files.path(task, "train"), files.path(task, "dev"))
     data = prepare_ner_data(model_dir, train_file, dev_file)

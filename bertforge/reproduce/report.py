@@ -54,7 +54,7 @@ def table_markdown(results: dict) -> str:
     lines = [f"# {TITLES[table]}", ""]
     if table == "table6":
         head = ["#L", "#H", "#A", "parameters", "held-out MLM loss (ppl)"] + [TASK_LABELS[t] for t in tasks]
-        rows = [[*map(str, v["size"]), f"{v['parameters'] / 1e6:.1f}M", _held_out(v)] +
+        rows = [[*map(str, v["size"]), f"{v['parameters'] / 1e6:.2f}M", _held_out(v)] +
                 [cell(v["tasks"].get(t)) for t in tasks] for v in results["variants"]]
     else:
         head = ["variant" if table == "table5" else "approach", "held-out loss (ppl)"] + \
@@ -76,11 +76,15 @@ def table_markdown(results: dict) -> str:
               "Task shapes: " + "; ".join(f"{t}: {PAPER_SHAPE.get(t, 'token (NER)')}" for t in tasks) + "."]
     if table == "table5":
         lines.append("The + BiLSTM row fine-tunes the LTR model with a randomly initialised BiLSTM between the "
-                     "encoder and the token classifier (the token task only; — elsewhere).")
+                     "encoder and the token classifier (the token task only; — elsewhere). The LTR model's "
+                     "sentence-level tasks read its last token ([SEP], the only one a causal encoder lets read "
+                     "the whole input) instead of [CLS], as OpenAI GPT does.")
     if table == "table7":
         lines.append("Feature-based rows: the pre-trained encoder frozen, the chosen hidden states of each word's "
                      f"first sub-token fed to a 2-layer BiLSTM ({settings['lstm_hidden']} per direction; the "
-                     "paper: 768), lr 1e-3, batch 16; Sum All Layers sums every encoder layer.")
+                     f"paper: 768), {settings['feature_epochs']:g} epochs, lr 1e-3, batch 16; Sum All Layers sums "
+                     f"every encoder layer. CoNLL-2003: the first {settings['ner_train_sentences']} training and "
+                     f"{settings['ner_dev_sentences']} dev sentences.")
     lines += [f"Wall time: {results['wall_seconds'] / 60:.1f} min (this invocation; finished stages are read back). "
               f"Plots: plots/pretraining_loss.png, plots/downstream.png.", ""]
     return "\n".join(lines)
@@ -94,7 +98,7 @@ def write_table(results: dict, output_dir: Path) -> Path:
 
 def write_results(results: dict, output_dir: Path) -> Path:
     path = output_dir / "results.json"
-    write_text_atomic(path, json.dumps(results, indent=2) + "\n")
+    write_text_atomic(path, json.dumps(results, indent=2, default=str) + "\n")
     return path
 
 

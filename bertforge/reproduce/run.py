@@ -104,7 +104,7 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
     check_inputs(settings)
     out = Path(settings.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / MANIFEST, json.dumps(_recorded(settings), indent=2) + "\n")
+    write_text_atomic(out / MANIFEST, json.dumps(_recorded(settings), indent=2, default=str) + "\n")
     journal = _journal(out)
 
     def say(message: str) -> None:
