@@ -15,7 +15,7 @@ import torch
 
 from bertforge.cli import main
 from bertforge.modeling import BertConfig, BertForSequenceClassification
-from bertforge.reproduce.heads import BertBiLSTMForTokenClassification, pool_last_token
+from bertforge.reproduce.heads import BertBiLSTMForTokenClassification, pool_bilstm, pool_last_token
 from bertforge.reproduce import ReproduceSettings, variants
 from bertforge.reproduce.report import TASK_LABELS
 from bertforge.reproduce.run import MANIFEST, _recorded
@@ -188,3 +188,16 @@ def test_bilstm_head_reads_only_real_tokens(tmp_path):
     model.save_pretrained(tmp_path)
     again = BertBiLSTMForTokenClassification.from_pretrained(tmp_path)
     assert not again.load_report.newly_initialized
+
+
+def test_bilstm_sentence_vector_reads_only_real_tokens():
+    torch.manual_seed(0)
+    config = BertConfig.preset("tiny", vocab_size=50, is_causal=True, num_labels=2, hidden_dropout_prob=0.0,
+                               attention_probs_dropout_prob=0.0)
+    model = pool_bilstm(BertForSequenceClassification(config), 8).eval()
+    ids = torch.tensor([[2, 7, 8, 9, 3], [2, 7, 3, 0, 0]])
+    with torch.no_grad():
+        logits = model(ids, attention_mask=(ids != 0).long()).logits
+        alone = model(ids[1:, :3], attention_mask=torch.ones(1, 3, dtype=torch.long)).logits
+    assert torch.allclose(logits[1], alone[0], atol=1e-5)
+    assert model.bert.pooler.lstm.hidden_size == 8

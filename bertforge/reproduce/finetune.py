@@ -9,8 +9,9 @@ only the scores, the dev predictions and the logs are kept).
 Tasks: the four built from the plays (`downstream.py`) and, for Table 7, CoNLL-2003 (the first N
 sentences of train and dev). A variant's `features` strategy trains the feature-based BiLSTM tagger on
 the frozen encoder's features (`bertforge.tasks.feature_based`: cached once per variant and task,
-shared by the seeds); `bilstm` puts `BertBiLSTMForTokenClassification` on the encoder; the LTR model's
-sentence-level tasks read the last token rather than [CLS] (`heads.pool_last_token`).
+shared by the seeds); `bilstm` puts a randomly initialised BiLSTM on the encoder (`heads.py`: under the token
+classifier, or as the sentence-level tasks' pooler); the LTR model's other sentence-level runs read the last
+token rather than [CLS] (`heads.pool_last_token`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..tasks.conll import read_conll
 from ..tasks.feature_based import feature_ner_task
 from ..tasks.tagging import ner_task, prepare_ner_data
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune
-from .heads import CONFIG_HIDDEN, BertBiLSTMForTokenClassification, pool_last_token
+from .heads import CONFIG_HIDDEN, BertBiLSTMForTokenClassification, pool_bilstm, pool_last_token
 from .downstream import METRIC, TaskFiles, read_jsonl_examples
 from .settings import ReproduceSettings, Variant
 
@@ -61,8 +62,8 @@ def task_metric(task: str) -> str:
 
 
 def applies(variant: Variant, task: str) -> bool:
-    """Whether a row has a cell for the task: the BiLSTM and the frozen features are token-level heads here."""
-    return task in TOKEN_TASKS or not (variant.bilstm or variant.features)
+    """Whether a row has a cell for the task: the frozen features are a token-level approach here."""
+    return task in TOKEN_TASKS or not variant.features
 
 
 def sentence_task(task: str, model_dir: Path, files: TaskFiles) -> FinetuneTask:
@@ -81,6 +82,8 @@ def build_task(task: str, variant: Variant, model_dir: Path, files: TaskFiles, c
     """The FinetuneTask of `task` for the pre-trained model in `model_dir`, with the variant's head."""
     if task in ("genre", "reply", "continuation"):
         spec = sentence_task(task, model_dir, files)
+        if variant.bilstm:  # the BiLSTM reads every token: its sentence vector needs no [CLS] (heads.py)
+            return dataclasses.replace(spec, build_model=lambda: pool_bilstm(spec.build_model(), settings.lstm_hidden))
         if variant.objective != "ltr":
             return spec
         # A causal encoder's [CLS] has read nothing but itself: classify from the last token (heads.py).

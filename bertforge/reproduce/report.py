@@ -75,8 +75,9 @@ def table_markdown(results: dict) -> str:
               "never pre-trained on (masked LM; the LTR model's is next-token loss, not comparable).",
               "Task shapes: " + "; ".join(f"{t}: {PAPER_SHAPE.get(t, 'token (NER)')}" for t in tasks) + "."]
     if table == "table5":
-        lines.append("The + BiLSTM row fine-tunes the LTR model with a randomly initialised BiLSTM between the "
-                     "encoder and the token classifier (the token task only; — elsewhere). The LTR model's "
+        lines.append(f"The + BiLSTM row fine-tunes the LTR model with a randomly initialised BiLSTM "
+                     f"({settings['lstm_hidden']} per direction) on top: under the token classifier, and as the "
+                     "sentence vector (its two directions' final states) for the other tasks. The LTR row's "
                      "sentence-level tasks read its last token ([SEP], the only one a causal encoder lets read "
                      "the whole input) instead of [CLS], as OpenAI GPT does.")
     if table == "table7":

@@ -25,9 +25,9 @@ CORPORA = ("shakespeare", "shakespeare+books")
 DEFAULT_SIZES = "2/128/2,3/192/3,4/256/4"
 # The defaults that differ by table: Table 6's larger models get fewer steps and smaller tasks, so that
 # each table's default run fits in about 90 minutes on a 2-core CPU.
-TABLE_DEFAULTS = {"table5": {"config": "tiny", "steps": 2000, "max_train_examples": 2000},
+TABLE_DEFAULTS = {"table5": {"config": "tiny", "steps": 2000, "max_train_examples": 1500},
                   "table6": {"config": "tiny", "steps": 1000, "max_train_examples": 800},
-                  "table7": {"config": "4/128/2", "steps": 2000, "max_train_examples": 2000}}
+                  "table7": {"config": "4/128/2", "steps": 2000, "max_train_examples": 1500}}
 _SIZE = re.compile(r"^(\d+)/(\d+)/(\d+)$")
 
 
@@ -59,7 +59,7 @@ class ReproduceSettings:
     finetune_epochs: float = setting(3.0, "fine-tuning epochs")
     finetune_batch_size: int = setting(32, "fine-tuning examples per step")
     max_train_examples: int | None = setting(None, "training examples per downstream task at most (default: "
-                                             "2000; table6 800)")
+                                             "1500; table6 800)")
     max_dev_examples: int = setting(600, "dev examples per downstream task at most (from the held-out plays)")
     ner_train_sentences: int = setting(2000, "table7: CoNLL-2003 training sentences used (the first N)")
     ner_dev_sentences: int = setting(1000, "table7: CoNLL-2003 dev sentences used (the first N)")
