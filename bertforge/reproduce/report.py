@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from .._files import write_text_atomic
+from ..training.finetune import describe
 from .downstream import PAPER_SHAPE
 from .settings import PAPER
 
@@ -47,6 +48,39 @@ def _held_out(variant: dict) -> str:
     return f"{last['loss']:.3f} ({kind} ppl {math.exp(min(last['loss'], 700)):.1f})"
 
 
+def paired_differences(results: dict) -> dict[str, dict[str, dict]]:
+    """{variant key: {task: describe(score - first row's score)}} over the seeds both rows ran, for every row
+    but the first. The same fine-tuning seed gives both runs the same head initialisation and data order,
+    so the per-seed difference is the variant's effect with that noise shared."""
+    first, *others = results["variants"]
+    differences = {}
+    for variant in others:
+        cells = {}
+        for task, scores in variant["tasks"].items():
+            reference = {r["seed"]: r["score"] for r in first["tasks"].get(task, {}).get("runs", [])}
+            values = [r["score"] - reference[r["seed"]] for r in scores["runs"] if r["seed"] in reference]
+            if values:
+                cells[task] = describe(values)
+        differences[variant["key"]] = cells
+    return differences
+
+
+def _signed(scores: dict | None) -> str:
+    return "—" if not scores else f"{scores['mean']:+.1f} ± {scores['std']:.1f}"
+
+
+def _difference_table(results: dict) -> list[str]:
+    """The rows after the first, as paired differences from it."""
+    first, tasks = results["variants"][0], results["tasks"]
+    differences = paired_differences(results)
+    lines = ["", f"Differences from the first row ({first['name']}), paired by fine-tuning seed (mean ± sample std of "
+             "the per-seed differences, points):", "",
+             "| " + " | ".join(["row"] + [TASK_LABELS[t] for t in tasks]) + " |", "|" + "---|" * (len(tasks) + 1)]
+    lines += ["| " + " | ".join([v["name"]] + [_signed(differences[v["key"]].get(t)) for t in tasks]) + " |"
+              for v in results["variants"][1:]]
+    return lines
+
+
 def table_markdown(results: dict) -> str:
     """table.md's text: the table, the paper's numbers, and how it was made."""
     table, tasks, settings = results["table"], results["tasks"], results["settings"]
@@ -67,6 +101,8 @@ def table_markdown(results: dict) -> str:
         lines += ["", "The paper (BERT pre-trained 1M steps; dev sets):", "",
                   "| " + " | ".join(paper["columns"]) + " |", "|" + "---|" * len(paper["columns"])]
         lines += ["| " + " | ".join(paper_number(x) for x in row) + " |" for row in paper["rows"]]
+    if len(results["variants"]) > 1:
+        lines += _difference_table(results)
     baselines = ", ".join(f"{t} {b:.1f}" for t, b in results.get("baselines", {}).items())
     lines += ["", f"Mean ± sample std over {settings['seeds']} fine-tuning seed(s) of dev scores in percent "
               f"(accuracy; entity F1 for the token tasks); majority class / chance: {baselines or 'n/a'}.",
@@ -86,7 +122,10 @@ def table_markdown(results: dict) -> str:
                      f"paper: 768), {settings['feature_epochs']:g} epochs, lr 1e-3, batch 16; Sum All Layers sums "
                      f"every encoder layer. CoNLL-2003: the first {settings['ner_train_sentences']} training and "
                      f"{settings['ner_dev_sentences']} dev sentences.")
-    lines += [f"Wall time: {results['wall_seconds'] / 60:.1f} min (this invocation; finished stages are read back). "
+    stages = results.get("stage_seconds", {})
+    lines += [f"Compute: data {stages.get('data', 0) / 60:.1f} min, pre-training {stages.get('pretrain', 0) / 60:.1f} "
+              f"min, fine-tuning {stages.get('finetune', 0) / 60:.1f} min (every stage that ran, journal.jsonl); "
+              f"this invocation {results['wall_seconds'] / 60:.1f} min (finished stages are read back). "
               f"Plots: plots/pretraining_loss.png, plots/downstream.png.", ""]
     return "\n".join(lines)
 

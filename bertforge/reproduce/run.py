@@ -27,7 +27,7 @@ from ..training.finetune import describe
 from .downstream import TASK_NAMES, load_task_files, read_jsonl_examples
 from .finetune import applies, conll_subset, finetune_seeds
 from .pretrain import held_out_curve, is_pretrained, prepare_data, pretrain_variant
-from .report import write_plots, write_results, write_table
+from .report import paired_differences, write_plots, write_results, write_table
 from .settings import ReproduceSettings, variants
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -84,6 +84,16 @@ def _journal(out: Path):
         with open(out / JOURNAL, "a", encoding="utf-8") as handle:
             handle.write(line)
     return record
+
+
+def stage_seconds(out: Path) -> dict[str, float]:
+    """Seconds spent per stage (data, pretrain, finetune) over every invocation, from OUT/journal.jsonl."""
+    totals: dict[str, float] = {}
+    path = out / JOURNAL
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        record = json.loads(line)
+        totals[record["stage"]] = round(totals.get(record["stage"], 0.0) + record.get("wall_seconds", 0.0), 1)
+    return totals
 
 
 def _baselines(files, tasks: list[str]) -> dict[str, float]:
@@ -150,6 +160,8 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
                                   files, conll, settings, journal)
             entry["tasks"][task] = {**describe([r["score"] for r in runs]), "runs": runs}
         results["variants"].append(entry)
+    results["differences"] = paired_differences(results)
+    results["stage_seconds"] = stage_seconds(out)
     results["wall_seconds"] = round(time.perf_counter() - started, 1)
     write_results(results, out)
     table = write_table(results, out)
