@@ -201,3 +201,17 @@ def test_bilstm_sentence_vector_reads_only_real_tokens():
         alone = model(ids[1:, :3], attention_mask=torch.ones(1, 3, dtype=torch.long)).logits
     assert torch.allclose(logits[1], alone[0], atol=1e-5)
     assert model.bert.pooler.lstm.hidden_size == 8
+
+
+def test_books_join_the_corpus_one_sentence_per_line(tmp_path):
+    from bertforge.corpus import shakespeare_plays
+    from bertforge.reproduce.pretrain import write_corpus
+
+    book = tmp_path / "Someone_Book_1900.txt"
+    book.write_text("CHAPTER I\n\nIt was a dark night. The wind\nblew hard.\n\nShe said, \"Come in.\" He did.\n")
+    plays = shakespeare_plays()[:1]
+    train, held_out = write_corpus(plays, tmp_path / "corpus", [book])
+    assert held_out == [] and len(train) == 2
+    assert train[1].read_text().splitlines() == ["CHAPTER I", "It was a dark night.", "The wind blew hard.",
+                                                 "She said, \"Come in.\"", "He did."]
+    assert train[0].read_text().splitlines() == plays[0].speeches

@@ -193,7 +193,8 @@ def build_tasks(plays: list[Play], directory: Path, max_train: int, max_dev: int
     splits["reply"] = tuple([e for p in ps for e in reply_pairs(p, rng("reply", name))]
                             for name, ps in (("train", train_plays), ("dev", dev_plays)))
     for task, (train, dev) in splits.items():
-        train, dev = _sample(train, max_train, rng(task, "train-sample")), _sample(dev, max_dev, rng(task, "dev-sample"))
+        train = _sample(train, max_train, rng(task, "train-sample"))
+        dev = _sample(dev, max_dev, rng(task, "dev-sample"))
         _write_jsonl(files.path(task, "train"), train)
         _write_jsonl(files.path(task, "dev"), dev)
         files.counts[task] = {"train": len(train), "dev": len(dev)}

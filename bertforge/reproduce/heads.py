@@ -95,8 +95,10 @@ class BiLSTMPooler(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         batch, steps = hidden_states.shape[:2]
-        lengths = (torch.full((batch,), steps, dtype=torch.long) if self.mask is None or self.mask.shape != (batch, steps)
-                   else self.mask.long().sum(-1).clamp(min=1))
+        if self.mask is None or self.mask.shape != (batch, steps):
+            lengths = torch.full((batch,), steps, dtype=torch.long)
+        else:
+            lengths = self.mask.long().sum(-1).clamp(min=1)
         packed = pack_padded_sequence(hidden_states.float(), lengths.cpu(), batch_first=True, enforce_sorted=False)
         _, (final, _) = self.lstm(packed)  # (2, B, hidden): forward at the last real token, backward at [CLS]
         return torch.tanh(self.dense(torch.cat([final[0], final[1]], dim=-1)))

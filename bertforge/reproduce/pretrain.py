@@ -24,6 +24,7 @@ from .._files import RUNNING, write_text_atomic
 from ..corpus import Play, shakespeare_plays
 from ..modeling import BertConfig
 from ..pretraining import prepare_pretraining
+from ..pretraining.text import split_sentences, text_paragraphs
 from ..pretraining.trainer import FINAL_DIR, PretrainingArguments, run_pretraining
 from ..tokenization import train_vocab
 from ..training.loop import LOG_NAME
@@ -52,15 +53,22 @@ def choose_plays(plays: list[Play], limit: int | None) -> list[Play]:
 
 
 def write_corpus(plays: list[Play], directory: Path, books: list[Path]) -> tuple[list[Path], list[Path]]:
-    """BERT's input format, one play per file (a document), one speech per line; returns the pre-training
-    files (the plays not held out, then `books` as they are) and the held-out plays' files."""
+    """BERT's input format, one document per file: a play with one speech per line (as the quickstart), a
+    book with one sentence per line (its paragraphs split by blingfire). Returns the pre-training files
+    (the plays not held out, then the books) and the held-out plays' files."""
     directory.mkdir(parents=True, exist_ok=True)
     train, held_out = [], []
     for play in plays:
         path = _play_file(directory, play)
         write_text_atomic(path, "\n".join(play.speeches) + "\n")
         (held_out if is_held_out(play) else train).append(path)
-    return train + books, held_out
+    for book in books:
+        text = book.read_text(encoding="utf-8", errors="replace")
+        sentences = [s for paragraph in text_paragraphs(text) for s in split_sentences(paragraph) if s.strip()]
+        path = directory / f"book__{book.stem}.txt"
+        write_text_atomic(path, "\n".join(sentences) + "\n")
+        train.append(path)
+    return train, held_out
 
 
 def book_files(books_dir: Path) -> list[Path]:
@@ -83,9 +91,8 @@ def prepare_data(settings: ReproduceSettings, data_dir: Path, books_dir: Path) -
     train_files, held_out_files = write_corpus(plays, data_dir / "corpus", books)
     vocab_file = data_dir / "vocab.txt"
     train_vocab(train_files, vocab_size=settings.vocab_size, lowercase=True, output=vocab_file, show_progress=False)
-    # Books are running text (sentence-split by blingfire); the plays one speech per line.
     index = prepare_pretraining(train_files, vocab_file, data_dir / "instances", max_seq_length=MAX_SEQ_LENGTH,
-                                dupe_factor=settings.dupe_factor, seed=settings.seed, input_format="auto",
+                                dupe_factor=settings.dupe_factor, seed=settings.seed, input_format="bert",
                                 progress=settings.progress)
     held_out = prepare_pretraining(held_out_files, vocab_file, data_dir / "held_out", max_seq_length=MAX_SEQ_LENGTH,
                                    dupe_factor=1, seed=settings.seed + 1, input_format="bert", progress=False)
@@ -126,7 +133,8 @@ def pretrain_variant(variant: Variant, settings: ReproduceSettings, data_dir: Pa
     return run_pretraining(PretrainingArguments(
         data=data_dir / "instances", eval_data=data_dir / "held_out", output_dir=run_dir, config=config,
         batch_size=settings.batch_size, lr=settings.pretrain_lr, warmup_ratio=0.1, max_steps=settings.steps,
-        eval_every=every, eval_batch_size=128, save_every=every, keep_last=1, seed=settings.seed, log_every=max(1, every // 4),
+        eval_every=every, eval_batch_size=128, save_every=every, keep_last=1, seed=settings.seed,
+        log_every=max(1, every // 4),
         nsp=variant.nsp, objective=variant.objective, resume=started, num_threads=settings.num_threads,
         device=settings.device, progress=settings.progress))
 
