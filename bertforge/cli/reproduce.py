@@ -11,7 +11,7 @@ from .flags import add_settings_flags, settings_from_args
 FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir", "conll_dir", "batch_size",
          "pretrain_lr", "vocab_size", "dupe_factor", "finetune_lr", "finetune_epochs", "finetune_batch_size",
          "max_train_examples", "max_dev_examples", "ner_train_sentences", "ner_dev_sentences", "lstm_hidden",
-         "feature_epochs", "plays", "seed", "num_threads", "device", "progress")
+         "feature_epochs", "random_init_row", "plays", "seed", "num_threads", "device", "progress")
 ESTIMATE = ("Wall time of the defaults on a 2-core CPU, estimated from toy runs: table5 about 65 min (pre-training "
             "BERT and No NSP 7 min each, LTR 14 min; 48 fine-tuning runs of about 45 s), table6 about 75 min (three "
             "sizes 1,000 steps: 30 min; 36 fine-tuning runs), table7 about 45 min (pre-training 12 min; 36 "

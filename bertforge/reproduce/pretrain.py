@@ -25,8 +25,9 @@ from ..corpus import Play, shakespeare_plays
 from ..modeling import BertConfig
 from ..pretraining import prepare_pretraining
 from ..pretraining.text import split_sentences, text_paragraphs
-from ..pretraining.trainer import FINAL_DIR, PretrainingArguments, run_pretraining
-from ..tokenization import train_vocab
+from ..pretraining.trainer import FINAL_DIR, PretrainingArguments, build_model, resolve_config, run_pretraining
+from ..tokenization import BertTokenizer, train_vocab
+from ..tokenization.vocab import load_vocab
 from ..training.loop import LOG_NAME
 from .downstream import build_tasks, is_held_out
 from .settings import ReproduceSettings, Variant, config_size
@@ -139,11 +140,29 @@ def pretrain_variant(variant: Variant, settings: ReproduceSettings, data_dir: Pa
         device=settings.device, progress=settings.progress))
 
 
+def random_init_variant(variant: Variant, settings: ReproduceSettings, data_dir: Path, run_dir: Path) -> Path:
+    """The architecture's random weights (seeded as a pre-training run's start) saved as `run_dir/final`, with
+    the data's vocabulary: the no-pre-training reference row."""
+    config = settings.config
+    size = variant.size or config_size(settings.config)
+    if size is not None:
+        config = str(size_config(size, data_dir / "vocab.txt", run_dir.parent / f"{variant.pretrain}.json"))
+    vocab_file = data_dir / "vocab.txt"
+    model = build_model(resolve_config(config, len(load_vocab(vocab_file)), "mlm", MAX_SEQ_LENGTH), settings.seed,
+                        nsp=True)
+    final = run_dir / FINAL_DIR
+    final.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(final)
+    BertTokenizer(vocab_file, do_lower_case=True).save_pretrained(final)
+    return final
+
+
 def held_out_curve(run_dir: Path) -> list[dict]:
     """The held-out evaluations of a run: [{"step", "loss", "perplexity", "objective"}], in step order.
     The loss is masked-LM cross-entropy, or next-token cross-entropy for the LTR model (not comparable)."""
     points = {}
-    for line in (run_dir / LOG_NAME).read_text(encoding="utf-8").splitlines():
+    log = run_dir / LOG_NAME
+    for line in log.read_text(encoding="utf-8").splitlines() if log.is_file() else []:
         record = json.loads(line)
         for name, objective in (("eval_mlm_loss", "mlm"), ("eval_lm_loss", "ltr")):
             if name in record:

@@ -27,7 +27,7 @@ TASK_LABELS = {"genre": "genre (acc)", "reply": "reply (acc)", "continuation": "
 
 def paper_number(value: float | int) -> str:
     """A number as the paper prints it: integers as they are, perplexities with two decimals, scores one."""
-    if isinstance(value, int):
+    if isinstance(value, (int, str)):
         return str(value)
     return f"{value:.2f}" if value < 10 else f"{value:.1f}"
 
@@ -66,7 +66,7 @@ def paired_differences(results: dict) -> dict[str, dict[str, dict]]:
 
 
 def _signed(scores: dict | None) -> str:
-    return "—" if not scores else f"{scores['mean']:+.1f} ± {scores['std']:.1f}"
+    return "—" if not scores else f"{round(scores['mean'], 1) + 0.0:+.1f} ± {scores['std']:.1f}"
 
 
 def _difference_table(results: dict) -> list[str]:
@@ -94,7 +94,8 @@ def table_markdown(results: dict) -> str:
         head = ["variant" if table == "table5" else "approach", "held-out loss (ppl)"] + \
             [TASK_LABELS[t] for t in tasks] + [f"paper: {c}" for c in paper["columns"]]
         rows = [[v["name"], _held_out(v)] + [cell(v["tasks"].get(t)) for t in tasks] +
-                [paper_number(x) for x in paper["rows"][v["key"]]] for v in results["variants"]]
+                [paper_number(x) for x in paper["rows"].get(v["key"], ["—"] * len(paper["columns"]))]
+                for v in results["variants"]]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     if table == "table6":

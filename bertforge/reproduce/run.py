@@ -26,14 +26,15 @@ from ..modeling import BertConfig
 from ..training.finetune import describe
 from .downstream import TASK_NAMES, load_task_files, read_jsonl_examples
 from .finetune import applies, conll_subset, finetune_seeds
-from .pretrain import held_out_curve, is_pretrained, prepare_data, pretrain_variant
+from .pretrain import held_out_curve, is_pretrained, prepare_data, pretrain_variant, random_init_variant
 from .report import paired_differences, write_plots, write_results, write_table
 from .settings import ReproduceSettings, variants
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 MANIFEST, JOURNAL = "reproduce.json", "journal.jsonl"
 # Settings a rerun may change without changing any result already measured.
-FREE_SETTINGS = ("output_dir", "seeds", "num_threads", "device", "progress", "books_dir", "conll_dir")
+FREE_SETTINGS = ("output_dir", "seeds", "random_init_row", "num_threads", "device", "progress", "books_dir",
+                 "conll_dir")
 TABLE_TASKS = {"table5": list(TASK_NAMES), "table6": list(TASK_NAMES), "table7": ["conll", "names"]}
 
 
@@ -138,9 +139,10 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
     for variant in rows:
         run_dir = out / "pretrain" / variant.pretrain
         if variant.pretrain not in finals and not is_pretrained(run_dir):
-            say(f"pre-training {variant.pretrain} ({settings.steps} steps)")
+            say(f"initialising {variant.pretrain} at random" if variant.random_init else
+                f"pre-training {variant.pretrain} ({settings.steps} steps)")
             begun = time.perf_counter()
-            pretrain_variant(variant, settings, data_dir, run_dir)
+            (random_init_variant if variant.random_init else pretrain_variant)(variant, settings, data_dir, run_dir)
             journal(stage="pretrain", variant=variant.pretrain, wall_seconds=round(time.perf_counter() - begun, 1))
         finals[variant.pretrain] = run_dir / "final"
 

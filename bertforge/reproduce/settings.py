@@ -66,6 +66,8 @@ class ReproduceSettings:
     lstm_hidden: int = setting(128, "table5's BiLSTM and table7's feature-based BiLSTM: units per direction "
                                "(the paper: 768)")
     feature_epochs: float = setting(3.0, "table7: epochs of the feature-based BiLSTM (lr 1e-3, batch 16)")
+    random_init_row: bool = setting(False, "add a row fine-tuned from random weights (no pre-training): the floor "
+                                    "every pre-trained row should clear (about 12 more fine-tuning runs)")
     plays: int | None = setting(None, "pre-train and build training examples from the first N plays only (toy "
                                 "runs; the held-out plays are always all used)")
     seed: int = setting(0, "seed of the data, the pre-training order and weights; fine-tuning seeds are "
@@ -149,6 +151,7 @@ class Variant:
     size: tuple[int, int, int] | None = None  # Table 6: (#L, #H, #A); otherwise settings.config
     bilstm: bool = False  # a randomly initialised BiLSTM between the encoder and the token classifier
     features: str | None = None  # Table 7: a frozen-feature strategy (None: fine-tuning)
+    random_init: bool = False  # no pre-training: the architecture's random weights, saved as the "pre-trained" model
 
 
 # Table 7's rows: the paper's names for the feature strategies of bertforge.tasks.feature_based.
@@ -159,18 +162,23 @@ assert {s for _, s in FEATURE_ROWS} == set(FEATURE_STRATEGIES)
 
 
 def variants(settings: ReproduceSettings) -> list[Variant]:
-    """The rows of `settings.table`, in the paper's order."""
+    """The rows of `settings.table`, in the paper's order (and the random-weights row last, when asked for)."""
     if settings.table == "table5":
-        return [Variant("BERT (MLM + NSP)", "bert", "bert"),
+        rows = [Variant("BERT (MLM + NSP)", "bert", "bert"),
                 Variant("No NSP", "no-nsp", "no-nsp", nsp=False),
                 Variant("LTR & No NSP", "ltr", "ltr", objective="ltr", nsp=False),
                 Variant("+ BiLSTM", "ltr-bilstm", "ltr", objective="ltr", nsp=False, bilstm=True)]
-    if settings.table == "table6":
-        return [Variant(f"L={layers} H={hidden} A={heads}", f"L{layers}-H{hidden}-A{heads}",
+    elif settings.table == "table6":
+        rows = [Variant(f"L={layers} H={hidden} A={heads}", f"L{layers}-H{hidden}-A{heads}",
                         f"L{layers}-H{hidden}-A{heads}", size=(layers, hidden, heads))
                 for layers, hidden, heads in parse_sizes(settings.sizes)]
-    return [Variant("Fine-tuning", "finetune", "bert")] + [
-        Variant(name, f"features-{strategy}", "bert", features=strategy) for name, strategy in FEATURE_ROWS]
+    else:
+        rows = [Variant("Fine-tuning", "finetune", "bert")] + [
+            Variant(name, f"features-{strategy}", "bert", features=strategy) for name, strategy in FEATURE_ROWS]
+    if settings.random_init_row:  # (Table 6: the first size)
+        rows.append(Variant("No pre-training (random init)", "random-init", "random-init", size=rows[0].size,
+                            random_init=True))
+    return rows
 
 
 # The paper's numbers (Devlin et al. 2019), dev sets; Table 5 and 6 BERT-Base-sized, Table 7 BERT-Base.
