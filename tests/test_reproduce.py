@@ -17,7 +17,7 @@ from bertforge.cli import main
 from bertforge.modeling import BertConfig, BertForSequenceClassification
 from bertforge.reproduce.heads import BertBiLSTMForTokenClassification, pool_bilstm, pool_last_token
 from bertforge.reproduce import ReproduceSettings, variants
-from bertforge.reproduce.report import TASK_LABELS
+from bertforge.reproduce.report import task_label
 from bertforge.reproduce.run import MANIFEST, _recorded
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -25,9 +25,11 @@ TOY = ["--plays", "6", "--steps", "3", "--seeds", "1", "--vocab-size", "500", "-
        "--max-train-examples", "48", "--max-dev-examples", "48", "--finetune-epochs", "1", "--feature-epochs", "1",
        "--lstm-hidden", "16", "--ner-train-sentences", "48", "--ner-dev-sentences", "48", "--num-threads", "1",
        "--no-progress"]
-TABLES = {"table5": ["--config", "1/32/2", "--random-init-row"], "table6": ["--sizes", "1/32/2,2/32/2,2/64/4"],
+TABLES = {"table5": ["--config", "1/32/2", "--random-init-row"],
+          "table6": ["--sizes", "1/32/2,2/32/2,2/64/4", "--glue", "mrpc", "--glue-dir", str(SHARED / "glue")],
           "table7": ["--config", "4/32/2", "--conll-dir", str(SHARED / "conll2003")]}
-TASKS = {"table5": ["genre", "reply", "continuation", "names"], "table6": ["genre", "reply", "continuation", "names"],
+TASKS = {"table5": ["genre", "reply", "continuation", "names"],
+         "table6": ["genre", "reply", "continuation", "names", "mrpc"],
          "table7": ["conll", "names"]}
 
 
@@ -62,20 +64,22 @@ def run(table: str, out: Path, *extra: str) -> int:
 def test_table_shape_and_rerun_resumes(table, tmp_path, capsys):
     if table == "table7" and not (SHARED / "conll2003" / "train.txt").is_file():
         pytest.skip("CoNLL-2003 is not in ../shared/data")
+    if table == "table6" and not (SHARED / "glue" / "MRPC" / "train.tsv").is_file():
+        pytest.skip("GLUE's MRPC is not in ../shared/data")
     out = tmp_path / table
     assert run(table, out) == 0
     rows = markdown_rows((out / "table.md").read_text())
-    expected = variants(ReproduceSettings(output_dir=out, table=table, sizes=TABLES["table6"][1],
+    expected = variants(ReproduceSettings(output_dir=out, table=table, sizes="1/32/2,2/32/2,2/64/4",
                                           random_init_row=table == "table5"))
     header, body = rows[0], rows[1:]
     assert len(body) == len(expected)
     for task in TASKS[table]:
-        assert TASK_LABELS[task] in header
+        assert task_label(task) in header
     if table != "table6":
         assert [r[0] for r in body] == [v.name for v in expected]
         assert any(c.startswith("paper: ") for c in header)  # the paper's numbers beside
     for row in body:
-        cells = [row[header.index(TASK_LABELS[t])] for t in TASKS[table]]
+        cells = [row[header.index(task_label(t))] for t in TASKS[table]]
         assert all(re.fullmatch(r"-?\d+\.\d ± \d+\.\d|—", c) for c in cells), row
     results = json.loads((out / "results.json").read_text())
     assert [v["key"] for v in results["variants"]] == [v.key for v in expected]
@@ -125,6 +129,9 @@ def test_table_shape_and_rerun_resumes(table, tmp_path, capsys):
     (["table7", "--config", "tiny"], "needs 4 layers|has 2"),
     (["table7", "--conll-dir", "/nonexistent"], "table7 needs CoNLL-2003"),
     (["table5", "--corpus", "shakespeare+books", "--books-dir", "/nonexistent"], "no \\*.txt book"),
+    (["table5", "--glue", "sst2,nope"], "unknown GLUE task 'nope'"),
+    (["table7", "--glue", "sst2"], "table7 is about token tasks"),
+    (["table5", "--glue", "mrpc", "--glue-dir", "/nonexistent"], "--glue mrpc: .*train.tsv not found"),
 ])
 def test_bad_input_is_one_line_before_work(arguments, message, tmp_path, capsys):
     out = tmp_path / "out"

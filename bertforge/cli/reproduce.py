@@ -8,7 +8,7 @@ from ..reproduce import TABLES, ReproduceSettings, check_inputs, run_reproduce
 from .flags import add_settings_flags, settings_from_args
 
 # The flags, in --help's order: each is the ReproduceSettings field of that name (the table is positional).
-FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir", "conll_dir", "batch_size",
+FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir", "glue", "glue_dir", "conll_dir", "batch_size",
          "pretrain_lr", "vocab_size", "dupe_factor", "finetune_lr", "finetune_epochs", "finetune_batch_size",
          "max_train_examples", "max_dev_examples", "ner_train_sentences", "ner_dev_sentences", "lstm_hidden",
          "feature_epochs", "random_init_row", "plays", "seed", "num_threads", "device", "progress")

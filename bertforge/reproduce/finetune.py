@@ -27,7 +27,9 @@ from .._files import write_text_atomic
 from ..tasks.choice import multiple_choice_task
 from ..tasks.classification import classification_task, classify_metrics
 from ..tasks.conll import read_conll
+from ..metrics.glue import main_metric
 from ..tasks.feature_based import feature_ner_task
+from ..tasks.glue import glue_task
 from ..tasks.tagging import ner_task, prepare_ner_data
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune
 from .heads import CONFIG_HIDDEN, BertBiLSTMForTokenClassification, pool_bilstm, pool_last_token
@@ -58,7 +60,10 @@ def conll_subset(source_dir: Path, target_dir: Path, train_sentences: int, dev_s
 
 
 def task_metric(task: str) -> str:
-    return "f1" if task in TOKEN_TASKS else METRIC[task]
+    """The dev metric a task is scored (and its best epoch chosen) by."""
+    if task in TOKEN_TASKS:
+        return "f1"
+    return METRIC[task] if task in METRIC else main_metric(task)
 
 
 def applies(variant: Variant, task: str) -> bool:
@@ -77,18 +82,20 @@ def sentence_task(task: str, model_dir: Path, files: TaskFiles) -> FinetuneTask:
                                metrics_fn=lambda split, predicted, gold: classify_metrics(predicted, gold, False))
 
 
-def build_task(task: str, variant: Variant, model_dir: Path, files: TaskFiles, conll: dict[str, Path] | None,
+def build_task(task: str, variant: Variant, model_dir: Path, files: TaskFiles, data_dirs: dict,
                settings: ReproduceSettings) -> FinetuneTask:
-    """The FinetuneTask of `task` for the pre-trained model in `model_dir`, with the variant's head."""
-    if task in ("genre", "reply", "continuation"):
-        spec = sentence_task(task, model_dir, files)
+    """The FinetuneTask of `task` for the pre-trained model in `model_dir`, with the variant's head.
+    `data_dirs`: {"conll": conll_subset's paths or None, "glue": GLUE's root}."""
+    if task not in TOKEN_TASKS:
+        spec = sentence_task(task, model_dir, files) if task in METRIC else \
+            glue_task(task, data_dirs["glue"], model_dir, max_train_examples=settings.max_train_examples)
         if variant.bilstm:  # the BiLSTM reads every token: its sentence vector needs no [CLS] (heads.py)
             return dataclasses.replace(spec, build_model=lambda: pool_bilstm(spec.build_model(), settings.lstm_hidden))
         if variant.objective != "ltr":
             return spec
         # A causal encoder's [CLS] has read nothing but itself: classify from the last token (heads.py).
         return dataclasses.replace(spec, build_model=lambda: pool_last_token(spec.build_model()))
-    train_file, dev_file = (conll["train"], conll["dev"]) if task == "conll" else \
+    train_file, dev_file = (data_dirs["conll"]["train"], data_dirs["conll"]["dev"]) if task == "conll" else \
         (files.path(task, "train"), files.path(task, "dev"))
     data = prepare_ner_data(model_dir, train_file, dev_file)
     if variant.features:
@@ -113,8 +120,8 @@ def finetune_arguments(variant: Variant, settings: ReproduceSettings, output_dir
         num_threads=settings.num_threads, device=settings.device, progress=settings.progress)
 
 
-def finetune_seeds(task: str, variant: Variant, model_dir: Path, run_dir: Path, files: TaskFiles,
-                   conll: dict[str, Path] | None, settings: ReproduceSettings, journal: Journal) -> list[dict]:
+def finetune_seeds(task: str, variant: Variant, model_dir: Path, run_dir: Path, files: TaskFiles, data_dirs: dict,
+                   settings: ReproduceSettings, journal: Journal) -> list[dict]:
     """Every seed of one (variant, task): finished ones read back, the others trained (the task is built
     once, on the first seed that needs it). Returns [{"seed", "score" (percent), "metrics", "wall_seconds"}]."""
     results, task_spec = [], None
@@ -128,7 +135,7 @@ def finetune_seeds(task: str, variant: Variant, model_dir: Path, run_dir: Path, 
             shutil.rmtree(seed_dir)  # an interrupted run: start it again
         started = time.perf_counter()
         if task_spec is None:
-            task_spec = build_task(task, variant, model_dir, files, conll, settings)
+            task_spec = build_task(task, variant, model_dir, files, data_dirs, settings)
         best = finetune(task_spec, finetune_arguments(variant, settings, seed_dir, seed))
         for weights in seed_dir.glob("*.safetensors"):
             weights.unlink()

@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from .._files import write_text_atomic
+from ..metrics.glue import main_metric
 from ..training.finetune import describe
 from .downstream import PAPER_SHAPE
 from .settings import PAPER
@@ -23,6 +24,17 @@ TITLES = {"table5": "Table 5 in miniature: ablation over the pre-training tasks"
           "table7": "Table 7 in miniature: feature-based vs fine-tuning (token tasks)"}
 TASK_LABELS = {"genre": "genre (acc)", "reply": "reply (acc)", "continuation": "continuation (acc)",
                "names": "names (F1)", "conll": "CoNLL-2003 (F1)"}
+GLUE_NAMES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP", "mnli": "MNLI",
+              "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
+_SHORT = {"accuracy": "acc", "f1": "F1", "mcc": "MCC", "pearson": "Pearson"}
+
+
+def task_label(task: str) -> str:
+    """A task's column heading: its name and metric ("genre (acc)", "MRPC (F1)")."""
+    if task in TASK_LABELS:
+        return TASK_LABELS[task]
+    metric = main_metric(task)
+    return f"{GLUE_NAMES.get(task, task)} ({_SHORT.get(metric, metric)})"
 
 
 def paper_number(value: float | int) -> str:
@@ -75,7 +87,7 @@ def _difference_table(results: dict) -> list[str]:
     differences = paired_differences(results)
     lines = ["", f"Differences from the first row ({first['name']}), paired by fine-tuning seed (mean ± sample std of "
              "the per-seed differences, points):", "",
-             "| " + " | ".join(["row"] + [TASK_LABELS[t] for t in tasks]) + " |", "|" + "---|" * (len(tasks) + 1)]
+             "| " + " | ".join(["row"] + [task_label(t) for t in tasks]) + " |", "|" + "---|" * (len(tasks) + 1)]
     lines += ["| " + " | ".join([v["name"]] + [_signed(differences[v["key"]].get(t)) for t in tasks]) + " |"
               for v in results["variants"][1:]]
     return lines
@@ -87,12 +99,12 @@ def table_markdown(results: dict) -> str:
     paper = PAPER[table]
     lines = [f"# {TITLES[table]}", ""]
     if table == "table6":
-        head = ["#L", "#H", "#A", "parameters", "held-out MLM loss (ppl)"] + [TASK_LABELS[t] for t in tasks]
+        head = ["#L", "#H", "#A", "parameters", "held-out MLM loss (ppl)"] + [task_label(t) for t in tasks]
         rows = [[*map(str, v["size"]), f"{v['parameters'] / 1e6:.2f}M", _held_out(v)] +
                 [cell(v["tasks"].get(t)) for t in tasks] for v in results["variants"]]
     else:
         head = ["variant" if table == "table5" else "approach", "held-out loss (ppl)"] + \
-            [TASK_LABELS[t] for t in tasks] + [f"paper: {c}" for c in paper["columns"]]
+            [task_label(t) for t in tasks] + [f"paper: {c}" for c in paper["columns"]]
         rows = [[v["name"], _held_out(v)] + [cell(v["tasks"].get(t)) for t in tasks] +
                 [paper_number(x) for x in paper["rows"].get(v["key"], ["—"] * len(paper["columns"]))]
                 for v in results["variants"]]
@@ -110,7 +122,8 @@ def table_markdown(results: dict) -> str:
               f"Every variant pre-trained {settings['steps']} steps of {settings['batch_size']} sequences on the same "
               f"batches in the same order ({settings['corpus']}, seed {settings['seed']}); held-out loss on plays "
               "never pre-trained on (masked LM; the LTR model's is next-token loss, not comparable).",
-              "Task shapes: " + "; ".join(f"{t}: {PAPER_SHAPE.get(t, 'token (NER)')}" for t in tasks) + "."]
+              "Task shapes: " + "; ".join(f"{t}: {PAPER_SHAPE.get(t, 'token (NER)' if t == 'conll' else 'GLUE')}"
+                                         for t in tasks) + "."]
     if table == "table5":
         lines.append(f"The + BiLSTM row fine-tunes the LTR model with a randomly initialised BiLSTM "
                      f"({settings['lstm_hidden']} per direction) on top: under the token classifier, and as the "
@@ -182,7 +195,7 @@ def write_plots(results: dict, output_dir: Path) -> list[Path]:
         axis.set_xticks(list(positions), [name for name, _ in cells], rotation=35, ha="right", fontsize=7)
         if task in results.get("baselines", {}):
             axis.axhline(results["baselines"][task], color="grey", linestyle="--", linewidth=1)
-        axis.set_title(TASK_LABELS[task], fontsize=9)
+        axis.set_title(task_label(task), fontsize=9)
     figure.tight_layout()
     paths.append(directory / "downstream.png")
     figure.savefig(paths[1], dpi=120)

