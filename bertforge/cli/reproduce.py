@@ -17,7 +17,7 @@ ESTIMATE = ("Wall time of the defaults on a 2-core CPU, estimated from toy runs:
             "sizes 1,000 steps: 30 min; 36 fine-tuning runs), table7 about 45 min (pre-training 12 min; 36 "
             "feature-based BiLSTM runs of about 40 s, 6 fine-tuning runs). A larger setting for a GPU: "
             "--config mini --steps 20000 --sizes 4/256/4,4/512/8,8/512/8 --max-train-examples 10000 --corpus "
-            "shakespeare+books --device cuda. The same command again resumes: finished pre-training and fine-tuning "
+            "shakespeare+books --glue sst2,mrpc --device cuda. The same command again resumes: finished pre-training and fine-tuning "
             "runs are read back, an interrupted pre-training continues from its last checkpoint.")
 
 

@@ -118,7 +118,7 @@ def table_markdown(results: dict) -> str:
         lines += _difference_table(results)
     baselines = ", ".join(f"{t} {b:.1f}" for t, b in results.get("baselines", {}).items())
     lines += ["", f"Mean ± sample std over {settings['seeds']} fine-tuning seed(s) of dev scores in percent "
-              f"(accuracy; entity F1 for the token tasks); majority class / chance: {baselines or 'n/a'}.",
+              f"(the metric in each column's heading); majority class / chance: {baselines or 'n/a'}.",
               f"Every variant pre-trained {settings['steps']} steps of {settings['batch_size']} sequences on the same "
               f"batches in the same order ({settings['corpus']}, seed {settings['seed']}); held-out loss on plays "
               "never pre-trained on (masked LM; the LTR model's is next-token loss, not comparable).",
