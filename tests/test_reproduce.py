@@ -128,6 +128,7 @@ def test_table_shape_and_rerun_resumes(table, tmp_path, capsys):
     (["table6", "--sizes", "2/130/4"], "must be a multiple of #A"),
     (["table7", "--config", "tiny"], "needs 4 layers|has 2"),
     (["table7", "--conll-dir", "/nonexistent"], "table7 needs CoNLL-2003"),
+    (["table5", "--config", "nothing.json"], "--config nothing.json: not a preset"),
     (["table5", "--corpus", "shakespeare+books", "--books-dir", "/nonexistent"], "no \\*.txt book"),
     (["table5", "--glue", "sst2,nope"], "unknown GLUE task 'nope'"),
     (["table7", "--glue", "sst2"], "table7 is about token tasks"),

