@@ -83,6 +83,8 @@ def prepare_data(settings: ReproduceSettings, data_dir: Path, books_dir: Path) -
     done = data_dir / DONE
     if done.is_file():
         return json.loads(done.read_text(encoding="utf-8"))
+    if data_dir.exists():
+        shutil.rmtree(data_dir)  # an interrupted preparation: start it again (a minute at most)
     started = time.perf_counter()
     books = book_files(books_dir) if settings.corpus == "shakespeare+books" else []
     plays = choose_plays(shakespeare_plays(), settings.plays)
