@@ -47,6 +47,7 @@ MAX_SPEECH_WORDS = 60  # a pair or choice segment keeps a speech's first N words
 
 
 def is_held_out(play: Play) -> bool:
+    """Whether the play is one of the held-out ones (dev examples; never pre-trained on)."""
     return any(play.title.lower() == h.lower() for h in HELD_OUT)
 
 
@@ -156,6 +157,7 @@ class TaskFiles:
     counts: dict[str, dict[str, int]]
 
     def path(self, task: str, split: str) -> Path:
+        """The file of a task's split ("train" or "dev")."""
         suffix = {"continuation": "csv", "names": "txt"}.get(task, "jsonl")
         return self.directory / task / f"{split}.{suffix}"
 

@@ -94,6 +94,7 @@ class BiLSTMPooler(nn.Module):
         self.dense = nn.Linear(2 * lstm_hidden, hidden_size)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(B, S, H) -> (B, H)."""
         batch, steps = hidden_states.shape[:2]
         if self.mask is None or self.mask.shape != (batch, steps):
             lengths = torch.full((batch,), steps, dtype=torch.long)

@@ -145,12 +145,14 @@ def table_markdown(results: dict) -> str:
 
 
 def write_table(results: dict, output_dir: Path) -> Path:
+    """OUT/table.md from a results dict; returns its path."""
     path = output_dir / "table.md"
     write_text_atomic(path, table_markdown(results))
     return path
 
 
 def write_results(results: dict, output_dir: Path) -> Path:
+    """OUT/results.json; returns its path."""
     path = output_dir / "results.json"
     write_text_atomic(path, json.dumps(results, indent=2, default=str) + "\n")
     return path

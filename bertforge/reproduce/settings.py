@@ -113,6 +113,7 @@ class ReproduceSettings:
 
     @property
     def finetune_seeds(self) -> list[int]:
+        """The fine-tuning seeds: seed+1 .. seed+K (the same for every row, so rows pair by seed)."""
         return [self.seed + 1 + k for k in range(self.seeds)]
 
 
