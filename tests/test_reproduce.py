@@ -224,3 +224,23 @@ def test_books_join_the_corpus_one_sentence_per_line(tmp_path):
     assert train[1].read_text().splitlines() == ["CHAPTER I", "It was a dark night.", "The wind blew hard.",
                                                  "She said, \"Come in.\"", "He did."]
     assert train[0].read_text().splitlines() == plays[0].speeches
+
+
+def test_tasks_are_deterministic_and_dev_comes_from_held_out_plays(tmp_path):
+    from bertforge.corpus import shakespeare_plays
+    from bertforge.quickstart import HELD_OUT
+    from bertforge.reproduce.downstream import build_tasks, character_names
+    from bertforge.reproduce.pretrain import choose_plays
+
+    plays = choose_plays(shakespeare_plays(), 6)
+    macbeth = next(p for p in plays if p.title == "Macbeth")
+    assert len(macbeth.speakers) == len(macbeth.speeches) and macbeth.speakers[0] == "First Witch"
+    names = character_names(macbeth)
+    assert {"Macbeth", "Banquo", "Duncan"} <= names and not names & {"Lady", "Witch", "First", "Lord"}
+    first = build_tasks(plays, tmp_path / "a", 40, 40, seed=0)
+    build_tasks(plays, tmp_path / "b", 40, 40, seed=0)
+    for path in sorted((tmp_path / "a").rglob("*.*")):
+        assert path.read_bytes() == (tmp_path / "b" / path.relative_to(tmp_path / "a")).read_bytes(), path
+    dev_plays = {row.split(",")[1] for row in first.path("continuation", "dev").read_text().splitlines()[1:]}
+    assert dev_plays <= set(HELD_OUT)
+    assert all(count["dev"] > 0 and count["train"] > 0 for count in first.counts.values())
