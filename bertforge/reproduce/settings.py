@@ -73,8 +73,8 @@ class ReproduceSettings:
     feature_epochs: float = setting(3.0, "table7: epochs of the feature-based BiLSTM (lr 1e-3, batch 16)")
     random_init_row: bool = setting(False, "add a row fine-tuned from random weights (no pre-training): the floor "
                                     "every pre-trained row should clear (about 12 more fine-tuning runs)")
-    plays: int | None = setting(None, "pre-train and build training examples from the first N plays only (toy "
-                                "runs; the held-out plays are always all used)")
+    plays: int | None = setting(None, "pre-train and build training examples from N plays only, spread over the "
+                                "genres (toy runs; the held-out plays are always used)")
     seed: int = setting(0, "seed of the data, the pre-training order and weights; fine-tuning seeds are "
                         "seed+1 .. seed+K")
     num_threads: int | None = setting(None, "torch threads")
