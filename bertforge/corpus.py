@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _ESCAPE = re.compile(r"\\(.)")
@@ -21,6 +21,7 @@ class Play:
     title: str
     genre: str  # comedies, histories, problems, roman, romances, tragedies
     speeches: list[str]  # the spoken text, one speech per item, stage directions removed
+    speakers: list[str] = field(default_factory=list)  # who speaks each speech ("DUNCAN", "First Witch"), aligned
 
 
 def plays_directory() -> Path:
@@ -37,9 +38,10 @@ def _clean(line: str) -> str:
 
 
 def parse_play(path: Path) -> Play:
-    """Speeches of one play. Speaker lines (`**HAMLET**`), headings and `_stage directions_` are dropped."""
-    title, speeches, current = path.stem.replace("-", " ").title(), [], []
-    in_direction = False
+    """Speeches of one play. Speaker lines (`**HAMLET**`), headings and `_stage directions_` are dropped
+    from the text; each speech's speaker is kept in `speakers` ("" before the first speaker line)."""
+    title, speeches, speakers, current = path.stem.replace("-", " ").title(), [], [], []
+    in_direction, speaker = False, ""
     for raw in path.read_text(encoding="utf-8").splitlines():
         line = raw.strip()
         if line.startswith("# ") and not speeches and not current:
@@ -54,14 +56,18 @@ def parse_play(path: Path) -> Play:
         if not line or line.startswith("#") or line.startswith("**"):
             if current:
                 speeches.append(" ".join(current))
+                speakers.append(speaker)
                 current = []
+            if line.startswith("**"):
+                speaker = _clean(line)
             continue
         text = _clean(line)
         if text:
             current.append(text)
     if current:
         speeches.append(" ".join(current))
-    return Play(title=title, genre=path.parent.name, speeches=speeches)
+        speakers.append(speaker)
+    return Play(title=title, genre=path.parent.name, speeches=speeches, speakers=speakers)
 
 
 def shakespeare_plays() -> list[Play]:

@@ -38,7 +38,7 @@ LAYERS = {
     "training": 2,
     "pretraining": 3, "tasks": 3,
     "serving": 4,
-    "cli": 5, "quickstart": 5, "__main__": 5, "": 5,
+    "cli": 5, "quickstart": 5, "reproduce": 5, "__main__": 5, "": 5,
 }
 SIBLINGS = {frozenset({"pretraining", "tasks"})}
 

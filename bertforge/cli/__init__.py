@@ -9,12 +9,13 @@ import sys
 from .._checks import check_flags, check_positions
 from ..modeling.pretrained import resolve_model_dir
 from ..training import NonFiniteLossError
-from . import (convert_tf, export_onnx, features, finetune, plot, predict, prepare, pretrain, quickstart, serve,
-               vocab)
+from . import (convert_tf, export_onnx, features, finetune, plot, predict, prepare, pretrain, quickstart, reproduce,
+               serve, vocab)
 
 # The sub-commands in --help's order; each module's `register` adds its parser, whose `func` runs it
 # (and `check`, where a command has one, judges its flags together before anything loads).
-COMMANDS = (quickstart, vocab, features, convert_tf, prepare, pretrain, finetune, predict, plot, export_onnx, serve)
+COMMANDS = (quickstart, vocab, features, convert_tf, prepare, pretrain, finetune, predict, plot, export_onnx, serve,
+            reproduce)
 
 
 def build_parser() -> argparse.ArgumentParser:
