@@ -33,12 +33,7 @@ TASKS = {"table5": ["genre", "reply", "continuation", "names"],
          "table7": ["conll", "names"]}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def markdown_rows(text: str) -> list[list[str]]:

@@ -1,8 +1,8 @@
 """Dropout (Srivastava et al. 2014) with a cheaper mask on CPU, and attention that uses it.
 
-Why: in a CPU training step of a small BERT, drawing the dropout masks is about a fifth of the
-time (`aten::bernoulli_`, one generator call per element, single-threaded; 19 masks a step in
-a 6-layer model, the largest on the (N, A, L, L) attention probabilities). Here one 64-bit draw
+Why: torch's CPU dropout draws its mask with one generator call per element (`aten::bernoulli_`,
+single-threaded), a large share of a small BERT's training step (BENCHMARKS.md, "Continued
+pre-training step"); the largest masks are on the (N, A, L, L) attention probabilities. Here one 64-bit draw
 from the same generator gives the masks of four elements: each element drops when its 16 bits
 fall below round(p * 2^16), i.e. with probability p rounded to a multiple of 2^-16 (0.1 ->
 0.100006; at most 2^-17 away), and the kept values are scaled by 1 / (1 - that probability),
@@ -13,6 +13,8 @@ On other devices (whose own dropout kernels are fast) and outside training these
 `F.dropout` and `F.scaled_dot_product_attention` unchanged.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +30,7 @@ def _fast(x: torch.Tensor, p: float, training: bool) -> bool:
 def drop_mask(shape: torch.Size | tuple[int, ...], p: float, device: torch.device | str = "cpu") -> torch.Tensor:
     """A bool tensor of `shape`, True where an element is dropped, each with probability
     round(p * 2^16) / 2^16, independently, from torch's default generator."""
-    count = 1
-    for size in shape:
-        count *= size
+    count = math.prod(shape)
     words = torch.empty((count + 3) // 4, dtype=torch.int64, device=device).random_(-(1 << 63), (1 << 63) - 1)
     chunks = words.view(torch.int16)[:count].view(shape)  # uniform over [-2^15, 2^15)
     return chunks < round(p * _LEVELS) - _LEVELS // 2
