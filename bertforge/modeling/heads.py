@@ -221,12 +221,17 @@ class BertForTokenClassification(PreTrainedBert):
                 output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
                         unpad=unpad)
-        logits = self.classifier(self.dropout(out.last_hidden_state))  # (B, S, K)
+        logits = self.token_logits(out.last_hidden_state, attention_mask)  # (B, S, K)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1),
                                    ignore_index=IGNORE_INDEX)
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+    def token_logits(self, states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Final hidden states (B, S, H) -> label logits (B, S, K): dropout, then a linear layer per token.
+        The hook a head between encoder and classifier overrides (e.g. the ablations' BiLSTM)."""
+        return self.classifier(self.dropout(states))
 
 
 class BertForQuestionAnswering(PreTrainedBert):

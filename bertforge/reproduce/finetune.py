@@ -38,7 +38,6 @@ from .settings import ReproduceSettings, Variant
 
 DONE = "DONE.json"
 TOKEN_TASKS = ("names", "conll")
-FEATURE_LR, FEATURE_BATCH_SIZE = 1e-3, 16  # RESULTS.md's Table 7 recipe for the BiLSTM on frozen features
 Journal = Callable[..., None]  # records a stage that ran: journal(stage=..., **details)
 
 
@@ -111,12 +110,13 @@ def build_task(task: str, variant: Variant, model_dir: Path, files: TaskFiles, d
 
 
 def finetune_arguments(variant: Variant, settings: ReproduceSettings, output_dir: Path, seed: int) -> FinetuneArguments:
-    """The paper's fine-tuning recipe at the settings' lr, epochs and batch; the feature-based BiLSTM's own."""
+    """Every row's recipe: the settings' lr and batch size (one recipe, so rows differ by the variant alone),
+    and its epochs (the feature-based BiLSTM's own)."""
     feature = variant.features is not None
     return FinetuneArguments(
-        output_dir=output_dir, seed=seed, lr=FEATURE_LR if feature else settings.finetune_lr,
+        output_dir=output_dir, seed=seed, lr=settings.finetune_lr,
         epochs=settings.feature_epochs if feature else settings.finetune_epochs,
-        batch_size=FEATURE_BATCH_SIZE if feature else settings.finetune_batch_size, log_every=25,
+        batch_size=settings.finetune_batch_size, log_every=25,
         num_threads=settings.num_threads, device=settings.device, progress=settings.progress)
 
 

@@ -22,14 +22,11 @@ pooler stays the peer's, which its parity tests check for causal encoders too).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from ..modeling import BertConfig, BertForTokenClassification
 from ..modeling.bert import Pooler
-from ..modeling.heads import TaskOutput
-from ..tasks.conll import IGNORE_INDEX
 
 CONFIG_HIDDEN = "bilstm_hidden"  # config.json key: the LSTM's units per direction
 
@@ -44,12 +41,8 @@ class BertBiLSTMForTokenClassification(BertForTokenClassification):
         self.classifier = nn.Linear(2 * hidden, config.num_labels)
         self.classifier.apply(self._init_module)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
-        """input_ids (B, S) -> TaskOutput(logits (B, S, K), loss over the labelled tokens)."""
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
-                        unpad=unpad)
-        states = out.last_hidden_state  # (B, S, H)
+    def token_logits(self, states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Final hidden states (B, S, H) -> dropout -> BiLSTM over each row's real tokens -> dropout -> (B, S, K)."""
         steps = states.shape[1]
         lengths = (attention_mask.sum(-1) if attention_mask is not None
                    else torch.full((states.shape[0],), steps, dtype=torch.long)).clamp(min=1)
@@ -57,12 +50,7 @@ class BertBiLSTMForTokenClassification(BertForTokenClassification):
                                       enforce_sorted=False)
         hidden, _ = self.lstm(packed)
         hidden, _ = pad_packed_sequence(hidden, batch_first=True, total_length=steps)  # (B, S, 2 hidden)
-        logits = self.classifier(self.dropout(hidden))  # (B, S, K)
-        loss = None
-        if labels is not None:
-            loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
-        return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+        return self.classifier(self.dropout(hidden))
 
 
 class LastTokenPooler(Pooler):

@@ -118,7 +118,10 @@ def table_markdown(results: dict) -> str:
         lines += _difference_table(results)
     baselines = ", ".join(f"{t} {b:.1f}" for t, b in results.get("baselines", {}).items())
     lines += ["", f"Mean ± sample std over {settings['seeds']} fine-tuning seed(s) of dev scores in percent "
-              f"(the metric in each column's heading); majority class / chance: {baselines or 'n/a'}.",
+              f"(the metric in each column's heading), each run's best epoch on dev; majority class / chance: "
+              f"{baselines or 'n/a'}.",
+              f"Fine-tuning (every row): lr {settings['finetune_lr']:g}, batch {settings['finetune_batch_size']}, "
+              f"{settings['finetune_epochs']:g} epochs.",
               f"Every variant pre-trained {settings['steps']} steps of {settings['batch_size']} sequences on the same "
               f"batches in the same order ({settings['corpus']}, seed {settings['seed']}); held-out loss on plays "
               "never pre-trained on (masked LM; the LTR model's is next-token loss, not comparable).",
@@ -133,7 +136,7 @@ def table_markdown(results: dict) -> str:
     if table == "table7":
         lines.append("Feature-based rows: the pre-trained encoder frozen, the chosen hidden states of each word's "
                      f"first sub-token fed to a 2-layer BiLSTM ({settings['lstm_hidden']} per direction; the "
-                     f"paper: 768), {settings['feature_epochs']:g} epochs, lr 1e-3, batch 16; Sum All Layers sums "
+                     f"paper: 768), {settings['feature_epochs']:g} epochs; Sum All Layers sums "
                      f"every encoder layer. CoNLL-2003: the first {settings['ner_train_sentences']} training and "
                      f"{settings['ner_dev_sentences']} dev sentences.")
     stages = results.get("stage_seconds", {})
