@@ -12,13 +12,13 @@ FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir
          "pretrain_lr", "vocab_size", "dupe_factor", "finetune_lr", "finetune_epochs", "finetune_batch_size",
          "max_train_examples", "max_dev_examples", "ner_train_sentences", "ner_dev_sentences", "lstm_hidden",
          "feature_epochs", "random_init_row", "plays", "seed", "num_threads", "device", "progress")
-ESTIMATE = ("Wall time of the defaults on a 2-core CPU, estimated from toy runs: table5 about 65 min (pre-training "
-            "BERT and No NSP 7 min each, LTR 14 min; 48 fine-tuning runs of about 45 s), table6 about 75 min (three "
-            "sizes 1,000 steps: 30 min; 36 fine-tuning runs), table7 about 45 min (pre-training 12 min; 36 "
-            "feature-based BiLSTM runs of about 40 s, 6 fine-tuning runs). A larger setting for a GPU: "
+ESTIMATE = ("Wall time of the defaults on a 2-core CPU: table5 about 100 min (measured: pre-training BERT and No "
+            "NSP 11 min each, LTR 24 min, its next-token loss scoring every position; 48 fine-tuning runs about "
+            "55 min, the four-way continuation task the longest); table6 about 75 min and table7 (6/128/2) not yet "
+            "measured at their defaults. A larger setting for a GPU: "
             "--config mini --steps 20000 --sizes 4/256/4,4/512/8,8/512/8 --max-train-examples 10000 --corpus "
-            "shakespeare+books --glue sst2,mrpc --device cuda. The same command again resumes: finished pre-training and fine-tuning "
-            "runs are read back, an interrupted pre-training continues from its last checkpoint.")
+            "shakespeare+books --glue sst2,mrpc --device cuda. The same command again resumes: finished pre-training "
+            "and fine-tuning runs are read back, an interrupted pre-training continues from its last checkpoint.")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
