@@ -60,8 +60,8 @@ class ReproduceSettings:
     pretrain_lr: float = setting(5e-4, "pre-training peak learning rate (10%% warm-up, linear decay)")
     vocab_size: int = setting(8000, "WordPiece vocabulary trained on the pre-training text")
     dupe_factor: int = setting(2, "passes over the text with different masks when preparing instances")
-    # Higher than the paper's 2e-5..5e-5 (batch 32): models this small, pre-trained for minutes, learned the
-    # token tasks only with a larger rate and more steps (RESULTS.md, "The paper's ablations in miniature").
+    # Higher than the paper's 2e-5..5e-5 at batch 32: models this small, pre-trained for minutes, learn the
+    # token tasks only with a larger rate and more steps.
     finetune_lr: float = setting(1e-3, "fine-tuning learning rate (every task and variant, the feature-based "
                                  "BiLSTM's too)")
     finetune_epochs: float = setting(3.0, "fine-tuning epochs")
