@@ -17,7 +17,7 @@ forward (backward ≈ 2× forward). Work a side spends on padding does not count
 fractions compare directly.
 
 4. **Profile** of bertforge's fp32 forward and training step (`torch.profiler`): self CPU time by kind
-   of op (matmul, attention, LayerNorm, GELU, dropout masks, copies and indexing, optimizer, other),
+   of op (matmul, attention, LayerNorm, GELU, dropout and other element-wise ops, copies and indexing, optimizer, other),
    and the rest of the wall time (Python, dispatch, the profiler's own cost), as fractions.
 
 Exactly one JSON line goes to stdout; progress goes to stderr.
@@ -49,7 +49,7 @@ KINDS = (("matmul", r"\bmm\b|addmm|bmm|linear|matmul|_mkl_|mkldnn"),
          ("attention", r"attention|softmax|_scaled_dot"),
          ("layer_norm", r"layer_norm"),
          ("gelu", r"gelu"),
-         ("dropout_masks", r"dropout|bernoulli|random_|masked_fill|mul_|\bmul\b|\bdiv"),
+         ("dropout_elementwise", r"dropout|bernoulli|random_|masked_fill|mul_|\bmul\b|\bdiv"),
          ("optimizer", r"adam|_foreach|lerp|addcmul|addcdiv|sqrt"),
          ("copies_indexing", r"copy|contiguous|cat|index|clone|_to_copy|\bto\b|gather|scatter|select|"
                              r"slice|view|reshape|transpose|permute|expand|empty|zero|fill|as_strided|unbind"))
