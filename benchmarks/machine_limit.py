@@ -17,7 +17,8 @@ forward (backward ≈ 2× forward). Work a side spends on padding does not count
 fractions compare directly.
 
 4. **Profile** of bertforge's fp32 forward and training step (`torch.profiler`): self CPU time by kind
-   of op (matmul, attention, LayerNorm, GELU, dropout and other element-wise ops, copies and indexing, optimizer, other),
+   of op (matmul, attention, LayerNorm, GELU, dropout and other element-wise ops, copies and indexing,
+   optimizer, other),
    and the rest of the wall time (Python, dispatch, the profiler's own cost), as fractions.
 
 Exactly one JSON line goes to stdout; progress goes to stderr.
