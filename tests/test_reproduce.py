@@ -239,3 +239,9 @@ def test_tasks_are_deterministic_and_dev_comes_from_held_out_plays(tmp_path):
     dev_plays = {row.split(",")[1] for row in first.path("continuation", "dev").read_text().splitlines()[1:]}
     assert dev_plays <= set(HELD_OUT)
     assert all(count["dev"] > 0 and count["train"] > 0 for count in first.counts.values())
+    # The continuation cap changes that task's training file only.
+    capped = build_tasks(plays, tmp_path / "c", 40, 40, seed=0, max_choice=10)
+    assert capped.counts["continuation"]["train"] == 10 < first.counts["continuation"]["train"]
+    for path in sorted((tmp_path / "a").rglob("*.*")):
+        if path != first.path("continuation", "train") and path.name != "info.json":
+            assert path.read_bytes() == (tmp_path / "c" / path.relative_to(tmp_path / "a")).read_bytes(), path

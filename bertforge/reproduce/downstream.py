@@ -184,8 +184,11 @@ def read_jsonl_examples(path: Path, split: str) -> list[InputExample]:
     return [InputExample(f"{split}-{i}", r["text"], r.get("text_pair"), r["label"]) for i, r in enumerate(rows)]
 
 
-def build_tasks(plays: list[Play], directory: Path, max_train: int, max_dev: int, seed: int) -> TaskFiles:
-    """Write the four tasks' train and dev files into `directory` (dev from the held-out plays only)."""
+def build_tasks(plays: list[Play], directory: Path, max_train: int, max_dev: int, seed: int,
+                max_choice: int | None = None) -> TaskFiles:
+    """Write the four tasks' train and dev files into `directory` (dev from the held-out plays only): at most
+    `max_train` training examples per task (`max_choice` for the four-way continuation, if smaller) and
+    `max_dev` dev examples."""
     train_plays = [p for p in plays if not is_held_out(p)]
     dev_plays = [p for p in plays if is_held_out(p)]
     rng = lambda task, split: random.Random(f"{seed}:{task}:{split}")  # noqa: E731 (one stream per file)
@@ -203,7 +206,8 @@ def build_tasks(plays: list[Play], directory: Path, max_train: int, max_dev: int
     choices = {}
     for name, ps in (("train", train_plays), ("dev", dev_plays)):
         examples = [e for p in ps for e in continuation_choices(p, rng("continuation", name))]
-        examples = _sample(examples, max_train if name == "train" else max_dev, rng("continuation", f"{name}-sample"))
+        limit = min(max_train, max_choice or max_train) if name == "train" else max_dev
+        examples = _sample(examples, limit, rng("continuation", f"{name}-sample"))
         for n, example in enumerate(examples):
             example.index = str(n)
         write_swag_file(files.path("continuation", name), examples)

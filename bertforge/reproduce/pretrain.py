@@ -97,7 +97,7 @@ def prepare_data(settings: ReproduceSettings, data_dir: Path, books_dir: Path) -
     held_out = prepare_pretraining(held_out_files, vocab_file, data_dir / "held_out", max_seq_length=MAX_SEQ_LENGTH,
                                    dupe_factor=1, seed=settings.seed + 1, input_format="bert", progress=False)
     tasks = build_tasks(plays, data_dir / "tasks", settings.max_train_examples, settings.max_dev_examples,
-                        settings.seed)
+                        settings.seed, settings.max_choice_examples)
     record = {"instances": index["num_instances"], "held_out_instances": held_out["num_instances"],
               "pretraining_files": len(train_files), "books": len(books), "tasks": tasks.counts,
               "wall_seconds": round(time.perf_counter() - started, 1)}

@@ -69,6 +69,9 @@ class ReproduceSettings:
     max_train_examples: int | None = setting(None, "training examples per downstream task at most (default: "
                                              "1500; table6 800)")
     max_dev_examples: int = setting(600, "dev examples per downstream task at most (from the held-out plays)")
+    # Each continuation example is four sequences: at 1500 examples it took a third of table5's time.
+    max_choice_examples: int = setting(500, "training examples of the four-way continuation task at most (each is "
+                                       "four sequences; also capped by --max-train-examples)")
     ner_train_sentences: int = setting(2000, "table7: CoNLL-2003 training sentences used (the first N)")
     ner_dev_sentences: int = setting(1000, "table7: CoNLL-2003 dev sentences used (the first N)")
     lstm_hidden: int = setting(128, "table5's BiLSTM and table7's feature-based BiLSTM: units per direction "
@@ -96,7 +99,7 @@ class ReproduceSettings:
         if self.corpus not in CORPORA:
             raise ValueError(f"--corpus {self.corpus!r}: choose one of {', '.join(CORPORA)}")
         for name in ("steps", "seeds", "batch_size", "vocab_size", "dupe_factor", "finetune_batch_size",
-                     "max_train_examples", "max_dev_examples", "ner_train_sentences", "ner_dev_sentences",
+                     "max_train_examples", "max_dev_examples", "max_choice_examples", "ner_train_sentences", "ner_dev_sentences",
                      "lstm_hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
