@@ -9,6 +9,8 @@ from typing import Iterable, Mapping, Sequence
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from .reference import is_chinese_char, is_control, is_punctuation, is_whitespace
+
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 VOCAB_NAME = "vocab.txt"
@@ -55,6 +57,20 @@ def vocab_fingerprint(vocab: str | os.PathLike | Mapping[str, int] | Sequence[st
     return digest.hexdigest()[:16]
 
 
+def _continuation_pieces(files: list[str], normalizer) -> list[str]:
+    """"##c" for every character c the normalised text can hold inside a word (not whitespace, control,
+    punctuation or CJK, which BERT's pre-tokenizer splits off), sorted. A character seen only at the start
+    of words gets an unused piece: harmless, and rare."""
+    chars: set[str] = set()
+    for file in files:
+        with open(file, encoding="utf-8", errors="replace") as handle:
+            for chunk in iter(lambda: handle.read(1 << 24), ""):
+                chars.update(chunk)
+    normalised = set("".join(normalizer.normalize_str(c) for c in chars))
+    return sorted(f"##{c}" for c in normalised
+                  if not (is_whitespace(c) or is_control(c) or is_punctuation(c) or is_chinese_char(ord(c))))
+
+
 def looks_cased(vocab: Iterable[str]) -> bool:
     """True if the vocabulary has upper-case tokens: it was built from text that was not lower-cased."""
     return any(any("A" <= c <= "Z" for c in token) for token in vocab
@@ -67,7 +83,8 @@ def train_vocab(files: Iterable[str | os.PathLike], vocab_size: int = 30522, low
     """Train a WordPiece vocabulary on text files with the `tokenizers` trainer.
 
     Text is normalised and split exactly as BertTokenizer does before WordPiece, so every trained
-    piece can be produced. The five specials come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4.
+    piece can be produced. The five specials come first: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4;
+    then the whole-word tokens and the ##pieces, each in sorted order (the same ids in every run).
     """
     files = [str(f) for f in files]
     for file in files:
@@ -79,11 +96,19 @@ def train_vocab(files: Iterable[str | os.PathLike], vocab_size: int = 30522, low
     tokenizer.normalizer = normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    # The trainer numbers the "##c" pieces in the order its hash map of words meets them, which differs
+    # from process to process, and breaks ties between equally frequent merges by those numbers, so the
+    # same text could give another vocabulary (huggingface/tokenizers#1794). Registered up front (as the
+    # trainer's special tokens, which it numbers first, in order) they are numbered the same every time.
+    pieces = _continuation_pieces(files, tokenizer.normalizer)
     trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIAL_TOKENS),
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[*SPECIAL_TOKENS, *pieces],
         continuing_subword_prefix="##", show_progress=show_progress)
     tokenizer.train(files, trainer)
-    vocab = tokenizer.get_vocab()
+    # Canonical ids: specials, whole words, then ##pieces, each sorted.
+    trained = tokenizer.get_vocab()
+    others = sorted((t for t in trained if t not in SPECIAL_TOKENS), key=lambda t: (t.startswith("##"), t))
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *others])}
     if output is not None:
         save_vocab(vocab, output)
     return vocab

@@ -5,12 +5,15 @@ pieces until the vocabulary has `vocab_size` tokens or no pair occurs `min_frequ
 the second case the vocabulary is smaller than asked, and every word seen `min_frequency` times is
 a token of its own. The alphabet is always kept whole, even where it alone exceeds `vocab_size`.
 Ties between equally frequent pairs are broken in hash order, so two trainings can differ in their
-last merges: nothing here depends on which.
+last merges: nothing here depends on which. The ids, though, are canonical: the same text gives the
+same vocab.txt in every process (the trainer alone numbers its pieces in hash order).
 """
 
 from __future__ import annotations
 
 import hashlib
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -110,3 +113,19 @@ def test_vocab_fingerprint_of_a_file_a_mapping_and_a_token_list(book, tmp_path):
     swapped[5], swapped[6] = swapped[6], swapped[5]  # the same tokens, two ids exchanged
     assert vocab_fingerprint(swapped) != fingerprint
     assert vocab_fingerprint(tokens + ["extra"]) != fingerprint
+
+
+def test_the_same_text_gives_the_same_vocab_file_in_every_process(book, tmp_path):
+    """The trainer's own numbering differs between processes (its hash maps are seeded per process); two
+    processes must still write identical files."""
+    script = ("import sys; from bertforge.tokenization import train_vocab; "
+              "train_vocab([sys.argv[1]], vocab_size=1500, output=sys.argv[2], show_progress=False)")
+    outputs = [tmp_path / f"vocab{k}.txt" for k in range(3)]
+    for output in outputs:
+        subprocess.run([sys.executable, "-c", script, str(book), str(output)], check=True)
+    first = outputs[0].read_bytes()
+    assert all(output.read_bytes() == first for output in outputs[1:])
+    tokens = first.decode("utf-8").split("\n")[:-1]
+    assert tokens[:5] == list(SPECIAL_TOKENS)
+    pieces = [k for k, token in enumerate(tokens) if token.startswith("##")]
+    assert pieces == list(range(pieces[0], len(tokens))) and tokens[5:pieces[0]] == sorted(tokens[5:pieces[0]])
