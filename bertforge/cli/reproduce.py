@@ -13,9 +13,9 @@ FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir
          "finetune_batch_size", "max_train_examples", "max_dev_examples", "max_choice_examples",
          "ner_train_sentences", "ner_dev_sentences", "lstm_hidden", "feature_epochs", "random_init_row", "plays",
          "seed", "num_threads", "device", "progress")
-ESTIMATE = ("Wall time of the defaults on a 2-core CPU: table5 about 100 min (measured: pre-training BERT and No "
-            "NSP 11 min each, LTR 24 min, its next-token loss scoring every position; 48 fine-tuning runs about "
-            "55 min, projected from the 39 that ran, the four-way continuation task the longest); table6 about 75 min and table7 (6/128/2) not yet "
+ESTIMATE = ("Wall time of the defaults on a 2-core CPU: table5 88 min (measured: pre-training BERT and No NSP "
+            "11 min each, LTR 24 min, its next-token loss scoring every position; 48 fine-tuning runs 41 min); "
+            "table6 and table7 (6/128/2) not yet "
             "measured at their defaults. A larger setting for a GPU: "
             "--config mini --steps 20000 --sizes 4/256/4,4/512/8,8/512/8 --max-train-examples 10000 --corpus "
             "shakespeare+books --glue sst2,mrpc --device cuda. The same command again resumes: finished pre-training "
