@@ -514,6 +514,22 @@ def test_split_script_keeps_articles_apart(shared_data, tmp_path, capsys):
         module.main(["--output-dir", str(REPO / "squad-split")])  # never into the repository
 
 
+def test_answerable_script_writes_the_v11_dev_set(shared_data, tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("squad_answerable", REPO / "scripts" / "squad_answerable.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    output = tmp_path / "dev-v1.1.json"
+    assert module.main(["--input", str(shared_data / SHARED_SQUAD), "--output", str(output)]) == 0
+    assert json.loads(capsys.readouterr().out)["questions"] == 2910
+    dev = read_squad_file(output)
+    assert dev.version == "1.1"
+    assert len(dev.examples) == dev.num_answerable == 2910
+    source = {e.qas_id: e for e in read_squad_file(shared_data / SHARED_SQUAD).examples}
+    assert all(e.answers == source[e.qas_id].answers for e in dev.examples)
+    with pytest.raises(SystemExit):
+        module.main(["--input", str(shared_data / SHARED_SQUAD), "--output", str(output)])  # never overwrites
+
+
 def test_tuned_threshold_keeps_the_official_decisions_with_a_margin():
     from bertforge.tasks.squad import SquadPredictions, tune_null_threshold
 
