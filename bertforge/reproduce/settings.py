@@ -99,8 +99,8 @@ class ReproduceSettings:
         if self.corpus not in CORPORA:
             raise ValueError(f"--corpus {self.corpus!r}: choose one of {', '.join(CORPORA)}")
         for name in ("steps", "seeds", "batch_size", "vocab_size", "dupe_factor", "finetune_batch_size",
-                     "max_train_examples", "max_dev_examples", "max_choice_examples", "ner_train_sentences", "ner_dev_sentences",
-                     "lstm_hidden"):
+                     "max_train_examples", "max_dev_examples", "max_choice_examples", "ner_train_sentences",
+                     "ner_dev_sentences", "lstm_hidden"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         for name in ("pretrain_lr", "finetune_lr", "finetune_epochs", "feature_epochs"):

@@ -4,9 +4,9 @@ The `tokenizers` WordPiece trainer adds the alphabet, then merges the most frequ
 pieces until the vocabulary has `vocab_size` tokens or no pair occurs `min_frequency` times; in
 the second case the vocabulary is smaller than asked, and every word seen `min_frequency` times is
 a token of its own. The alphabet is always kept whole, even where it alone exceeds `vocab_size`.
-Ties between equally frequent pairs are broken in hash order, so two trainings can differ in their
-last merges: nothing here depends on which. The ids, though, are canonical: the same text gives the
-same vocab.txt in every process (the trainer alone numbers its pieces in hash order).
+Left alone, the trainer numbers its "##" pieces in hash order and breaks ties between equally frequent
+pairs by those numbers, so two processes could write different vocabularies; `train_vocab` numbers the
+pieces up front and the result canonically, so the same text gives the same vocab.txt every time.
 """
 
 from __future__ import annotations
