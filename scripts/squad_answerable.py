@@ -43,7 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--input {args.input}: not found")
     if args.output.exists():
         parser.error(f"--output {args.output} exists: choose a new path")
-    dataset = answerable(json.loads(args.input.read_text(encoding="utf-8")))
+    try:
+        source = json.loads(args.input.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        parser.error(f"--input {args.input}: not a JSON file ({error})")
+    if not isinstance(source, dict) or not isinstance(source.get("data"), list):
+        parser.error(f"--input {args.input}: no \"data\" list: not a SQuAD file")
+    dataset = answerable(source)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     partial = args.output.with_name(args.output.name + ".partial")
     partial.write_text(json.dumps(dataset, ensure_ascii=False), encoding="utf-8")

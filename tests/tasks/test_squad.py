@@ -528,6 +528,10 @@ def test_answerable_script_writes_the_v11_dev_set(shared_data, tmp_path, capsys)
     assert all(e.answers == source[e.qas_id].answers for e in dev.examples)
     with pytest.raises(SystemExit):
         module.main(["--input", str(shared_data / SHARED_SQUAD), "--output", str(output)])  # never overwrites
+    (tmp_path / "bad.json").write_text('{"version": "2.0"}')
+    with pytest.raises(SystemExit):
+        module.main(["--input", str(tmp_path / "bad.json"), "--output", str(tmp_path / "out.json")])
+    assert 'bad.json: no "data" list' in capsys.readouterr().err and not (tmp_path / "out.json").exists()
 
 
 def test_tuned_threshold_keeps_the_official_decisions_with_a_margin():
