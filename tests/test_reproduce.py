@@ -160,6 +160,18 @@ def test_other_settings_in_the_same_directory_are_refused(tmp_path, capsys):
     assert "--steps 2000 (now 5)" in capsys.readouterr().err
 
 
+def test_table7_fine_tunes_at_its_own_rate_and_trains_features_at_theirs(tmp_path):
+    """Table 7's 6-layer model diverged at the smaller models' 1e-3 (two CoNLL seeds of three at F1 0.0): its
+    Fine-tuning row defaults to 5e-4; the feature-based BiLSTM keeps --feature-lr; a given --finetune-lr wins."""
+    from bertforge.reproduce.finetune import finetune_arguments
+    table7 = ReproduceSettings(output_dir=tmp_path, table="table7")
+    rows = {v.key: v for v in variants(table7)}
+    assert finetune_arguments(rows["finetune"], table7, tmp_path, 1).lr == 5e-4
+    assert finetune_arguments(rows["features-concat-last-4"], table7, tmp_path, 1).lr == 1e-3
+    assert ReproduceSettings(output_dir=tmp_path, table="table5").finetune_lr == 1e-3
+    assert ReproduceSettings(output_dir=tmp_path, table="table7", finetune_lr=2e-4).finetune_lr == 2e-4
+
+
 def test_ltr_classifies_from_the_last_real_token():
     torch.manual_seed(0)
     config = BertConfig.preset("tiny", vocab_size=50, is_causal=True, num_labels=2, hidden_dropout_prob=0.0,

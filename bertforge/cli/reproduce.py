@@ -11,7 +11,7 @@ from .flags import add_settings_flags, settings_from_args
 FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir", "glue", "glue_dir", "conll_dir",
          "batch_size", "pretrain_lr", "vocab_size", "dupe_factor", "finetune_lr", "finetune_epochs",
          "finetune_batch_size", "max_train_examples", "max_dev_examples", "max_choice_examples",
-         "ner_train_sentences", "ner_dev_sentences", "lstm_hidden", "feature_epochs", "random_init_row", "plays",
+         "ner_train_sentences", "ner_dev_sentences", "lstm_hidden", "feature_epochs", "feature_lr", "random_init_row", "plays",
          "seed", "num_threads", "device", "progress")
 ESTIMATE = ("Wall time of the defaults on a 2-core CPU: table5 88 min (measured: pre-training BERT and No NSP "
             "11 min each, LTR 24 min, its next-token loss scoring every position; 48 fine-tuning runs 41 min); "

@@ -110,11 +110,11 @@ def build_task(task: str, variant: Variant, model_dir: Path, files: TaskFiles, d
 
 
 def finetune_arguments(variant: Variant, settings: ReproduceSettings, output_dir: Path, seed: int) -> FinetuneArguments:
-    """Every row's recipe: the settings' lr and batch size (one recipe, so rows differ by the variant alone),
-    and its epochs (the feature-based BiLSTM's own)."""
+    """Every row's recipe: the settings' lr and batch size (one recipe, so rows differ by the variant alone);
+    the feature-based BiLSTM, trained from scratch on frozen features, has its own lr and epochs."""
     feature = variant.features is not None
     return FinetuneArguments(
-        output_dir=output_dir, seed=seed, lr=settings.finetune_lr,
+        output_dir=output_dir, seed=seed, lr=settings.feature_lr if feature else settings.finetune_lr,
         epochs=settings.feature_epochs if feature else settings.finetune_epochs,
         batch_size=settings.finetune_batch_size, log_every=25,
         num_threads=settings.num_threads, device=settings.device, progress=settings.progress)
