@@ -26,8 +26,8 @@ CORPORA = ("shakespeare", "shakespeare+books")
 DEFAULT_SIZES = "2/128/2,3/192/3,4/256/4"
 # The defaults that differ by table: Table 6's larger models get fewer steps and smaller tasks, so that
 # each table's default run fits in about 90 minutes on a 2-core CPU.
-# Table 7's 6-layer model diverged when fine-tuned at the smaller models' 1e-3 (CoNLL F1 0.0 for two seeds
-# of three), so its fine-tuning row has a lower rate; its feature-based rows keep --feature-lr.
+# Fine-tuning Table 7's 6-layer model at the smaller models' 1e-3 failed for two seeds of three (CoNLL F1
+# 0.0), so its Fine-tuning row has a lower rate; its feature-based rows keep --feature-lr.
 TABLE_DEFAULTS = {"table5": {"config": "tiny", "steps": 2000, "max_train_examples": 1500, "finetune_lr": 1e-3},
                   "table6": {"config": "tiny", "steps": 1000, "max_train_examples": 800, "finetune_lr": 1e-3},
                   "table7": {"config": "6/128/2", "steps": 2000, "max_train_examples": 1500, "finetune_lr": 5e-4}}
