@@ -292,6 +292,26 @@ def test_unpadded_causal_and_autograd_match_padded():
         assert max_diff(grads[1][name], grads[0][name]) <= TOL, name
 
 
+def test_packed_attention_with_gradients_equals_the_inference_path():
+    """Training takes the groups with split/cat (no per-group full-size gradients); the context is the
+    same as the in-place path's, filler rows zero, and the gradient reaches every real row."""
+    from bertforge.modeling.packing import Packing, packed_attention
+    torch.manual_seed(0)
+    mask = torch.zeros(6, 10, dtype=torch.long)
+    for row, length in enumerate((3, 10, 3, 7, 0, 5)):
+        mask[row, :length] = 1
+    packing = Packing.from_mask(mask, row_bucket=16)
+    assert packing.extra_rows and len(packing.groups) == 4
+    qkv = torch.randn(packing.num_tokens + packing.extra_rows, 3 * 8, requires_grad=True)
+    with torch.no_grad():
+        expected = packed_attention(qkv, packing, num_heads=2)
+    context = packed_attention(qkv, packing, num_heads=2)
+    assert context.grad_fn is not None and torch.equal(context, expected)
+    assert not context[packing.num_tokens:].any()
+    context.pow(2).sum().backward()
+    assert qkv.grad[:packing.num_tokens].abs().sum(1).gt(0).all() and not qkv.grad[packing.num_tokens:].any()
+
+
 # ----------------------------------------------------------------------------------- bf16, int8
 
 
