@@ -6,6 +6,10 @@ lengths within a batch vary as in real traffic. Variants (`--variants`), all wit
 eval mode, `torch.inference_mode()`, `--threads` threads:
 
   peer         transformers.BertModel, attn_implementation="sdpa", fp32, the padded batch
+  peer_bf16    the peer under `torch.autocast("cpu", dtype=torch.bfloat16)` (its bf16 at its best)
+  peer_onnx    the peer exported to ONNX (TorchScript exporter, opset 17) on onnxruntime, graph
+               optimisations on (ORT's default: all), the padded batch
+  peer_onnx_int8  the same after `onnxruntime.quantization.quantize_dynamic` (int8 weights, QInt8)
   ours         bertforge BertModel, fp32, unpadded (`optimize_for_inference(model, unpad=True)`)
   ours_padded  bertforge BertModel, fp32, padded (not in the default set)
   bf16         bertforge, bfloat16 weights and activations, unpadded
@@ -56,7 +60,7 @@ DEFAULT_GLUE = REPO.parent / "shared" / "data" / "glue"
 MODELS = ("minilm", "base")
 DATASETS = ("sst2", "mrpc")
 VARIANTS = ("peer", "ours", "ours_padded", "bf16", "int8", "int8_x86", "int8_onednn", "onnx",
-            "ours_bucketed", "bf16_exact", "int8_exact")
+            "ours_bucketed", "bf16_exact", "int8_exact", "peer_bf16", "peer_onnx", "peer_onnx_int8")
 DEFAULT_VARIANTS = ("peer", "ours", "bf16", "int8", "onnx")
 
 
@@ -116,9 +120,11 @@ def onnx_available() -> str | None:
     return None
 
 
-def onnx_encoder(model, threads: int):
-    """The bertforge encoder exported to ONNX (last_hidden_state, pooler_output; dynamic batch and
-    sequence axes) and run on onnxruntime with `threads` threads: a callable batch -> outputs.
+def onnx_encoder(model, threads: int, peer: bool = False, int8: bool = False):
+    """An encoder exported to ONNX (last_hidden_state, pooler_output; dynamic batch and sequence axes)
+    and run on onnxruntime with `threads` threads: a callable batch -> outputs. `model`: bertforge's
+    BertModel, or with `peer` transformers' BertModel; `int8`: the graph dynamically quantized by
+    onnxruntime (`quantize_dynamic`, int8 weights) before the session is made.
 
     Exported as bertforge's ONNX support does it (the TorchScript exporter, with autograd on so
     that the encoder takes its plain, traceable path rather than its in-place inference paths).
@@ -136,7 +142,10 @@ def onnx_encoder(model, threads: int):
             self.bert = bert
 
         def forward(self, input_ids, token_type_ids, attention_mask):
-            out = self.bert(input_ids, token_type_ids, attention_mask, unpad=False)
+            if peer:
+                out = self.bert(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+            else:
+                out = self.bert(input_ids, token_type_ids, attention_mask, unpad=False)
             return out.last_hidden_state, out.pooler_output
 
     graph = Encoder(model).eval()
@@ -156,10 +165,19 @@ def onnx_encoder(model, threads: int):
     finally:
         for p in frozen:
             p.requires_grad_(False)
+    graph_bytes = buffer.getvalue()
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with tempfile.TemporaryDirectory() as scratch:
+            source, target = Path(scratch) / "fp32.onnx", Path(scratch) / "int8.onnx"
+            source.write_bytes(graph_bytes)
+            quantize_dynamic(source, target, weight_type=QuantType.QInt8)
+            graph_bytes = target.read_bytes()
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(graph_bytes, options, providers=["CPUExecutionProvider"])
 
     def run(batch):
         feeds = {name: batch[name].numpy() for name in names}
@@ -190,6 +208,24 @@ def build_variants(name: str, directory: Path, wanted: list[str], threads: int) 
             peer = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
             variants[variant] = lambda batch, peer=peer: (lambda out: (out.last_hidden_state, out.pooler_output))(
                 peer(**batch))
+        elif variant == "peer_bf16":
+            peer = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+
+            def autocast_peer(batch, peer=peer):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    out = peer(**batch)
+                return out.last_hidden_state, out.pooler_output
+            variants[variant] = autocast_peer
+        elif variant in ("peer_onnx", "peer_onnx_int8"):
+            reason = onnx_available()
+            if reason is not None:
+                skipped[variant] = reason
+                continue
+            try:
+                peer = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+                variants[variant] = onnx_encoder(peer, threads, peer=True, int8=variant.endswith("int8"))
+            except Exception as error:  # as for onnx: the other columns still run
+                skipped[variant] = f"export or session failed: {type(error).__name__}: {error}"
         elif kind in ("ours", "ours_padded"):
             model = optimize_for_inference(BertModel.from_pretrained(directory), unpad=kind == "ours", **bucket)
             variants[variant] = ours(model)
@@ -287,6 +323,11 @@ def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats:
             "int8_x86_over_ours": ratio(rates, "int8_x86", "ours"),
             "int8_onednn_over_ours": ratio(rates, "int8_onednn", "ours"),
             "ours_over_onnx": ratio(rates, "ours", "onnx"),
+            # the peer at its best in each precision
+            "bf16_over_peer_bf16": ratio(rates, "bf16", "peer_bf16"),
+            "int8_over_peer_onnx_int8": ratio(rates, "int8", "peer_onnx_int8"),
+            "onnx_over_peer_onnx": ratio(rates, "onnx", "peer_onnx"),
+            "ours_over_peer_onnx": ratio(rates, "ours", "peer_onnx"),
             "ours_bucketed_over_ours": ratio(rates, "ours_bucketed", "ours"),
             "bf16_over_bf16_exact": ratio(rates, "bf16", "bf16_exact"),
             "int8_over_int8_exact": ratio(rates, "int8", "int8_exact"),
