@@ -11,12 +11,13 @@ from .flags import add_settings_flags, settings_from_args
 FLAGS = ("output_dir", "config", "sizes", "steps", "seeds", "corpus", "books_dir", "glue", "glue_dir", "conll_dir",
          "batch_size", "pretrain_lr", "vocab_size", "dupe_factor", "finetune_lr", "finetune_epochs",
          "finetune_batch_size", "max_train_examples", "max_dev_examples", "max_choice_examples",
-         "ner_train_sentences", "ner_dev_sentences", "lstm_hidden", "feature_epochs", "feature_lr", "random_init_row", "plays",
-         "seed", "num_threads", "device", "progress")
+         "ner_train_sentences", "ner_dev_sentences", "lstm_hidden", "feature_epochs", "feature_lr", "random_init_row",
+         "plays", "seed", "num_threads", "device", "progress")
 ESTIMATE = ("Wall time of the defaults on a 2-core CPU: table5 88 min (measured: pre-training BERT and No NSP "
             "11 min each, LTR 24 min, its next-token loss scoring every position; 48 fine-tuning runs 41 min); "
             "table6 68 min (pre-training the three sizes 5, 10 and 19 min; 36 fine-tuning runs 35 min); table7 "
-            "33 min (pre-training 14 min; 42 fine-tuning and feature-based runs 19 min). A larger setting for a GPU: "
+            "33 min (pre-training 14 min; 42 fine-tuning and feature-based runs 19 min). A larger setting for a "
+            "GPU: "
             "--config mini --steps 20000 --sizes 4/256/4,4/512/8,8/512/8 --max-train-examples 10000 --corpus "
             "shakespeare+books --glue sst2,mrpc --device cuda. The same command again resumes: finished pre-training "
             "and fine-tuning runs are read back, an interrupted pre-training continues from its last checkpoint.")

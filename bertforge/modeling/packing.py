@@ -134,12 +134,21 @@ def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
         return context
     for start, count, length in packing.groups:
         rows = slice(start, start + count * length)
-        query, key, value = qkv[rows].view(count, length, 3, heads, hidden // heads).permute(2, 0, 3, 1, 4)
-        out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
-        context[rows].view(count, length, heads, hidden // heads).copy_(out.transpose(1, 2))
+        out = _group_attention(qkv[rows], count, length, heads, dropout_p, packing.is_causal)
+        context[rows].view(count, length, heads, hidden // heads).copy_(out)
     if packing.extra_rows:
         context[tokens - packing.extra_rows:].zero_()
     return context
+
+
+def _group_attention(rows: torch.Tensor, count: int, length: int, num_heads: int, dropout_p: float,
+                     is_causal: bool) -> torch.Tensor:
+    """One group of `count` examples of `length` tokens: its qkv rows (count·length, 3H) -> context
+    (count, length, A, D), a view of the attention output (not contiguous)."""
+    hidden = rows.shape[1] // 3
+    query, key, value = rows.view(count, length, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
+    out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal)
+    return out.transpose(1, 2)
 
 
 def _packed_attention_for_autograd(qkv: torch.Tensor, packing: Packing, num_heads: int,
@@ -147,18 +156,16 @@ def _packed_attention_for_autograd(qkv: torch.Tensor, packing: Packing, num_head
     """`packed_attention` when gradients flow: qkv (T, 3H) -> context (T, H), the groups taken with one
     `split` and their contexts joined with one `cat`. Why: the backward of a slice is a zero-filled
     (T, 3H) gradient per group, and that of a copy into a slice of `context` clones the whole (T, H)
-    gradient per group, and a batch of 32 sentences has some 20 lengths: in a base training step on CPU
-    (SST-2 batches) this took the step's fill_, copy_ and add_ from 8.1% of its time to 5.7%. The backward
-    of split is one cat and vice versa."""
+    gradient per group, and a batch of 32 sentences has some 20 lengths. The backward of split is one cat
+    and vice versa."""
     tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
     sizes = [count * length for _, count, length in packing.groups]
     filler = tokens - sum(sizes)  # the extra_rows
     pieces = qkv.split(sizes + [filler] if filler else sizes)
     contexts = []
     for piece, (_, count, length) in zip(pieces, packing.groups):
-        query, key, value = piece.view(count, length, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
-        out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=packing.is_causal)
-        contexts.append(out.transpose(1, 2).reshape(count * length, hidden))
+        out = _group_attention(piece, count, length, num_heads, dropout_p, packing.is_causal)
+        contexts.append(out.reshape(count * length, hidden))
     if filler:
         contexts.append(qkv.new_zeros(filler, hidden))
     return torch.cat(contexts) if contexts else qkv.new_zeros(tokens, hidden)

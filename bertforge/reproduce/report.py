@@ -120,7 +120,8 @@ def table_markdown(results: dict) -> str:
     lines += ["", f"Mean ± sample std over {settings['seeds']} fine-tuning seed(s) of dev scores in percent "
               f"(the metric in each column's heading), each run's best epoch on dev; majority class / chance: "
               f"{baselines or 'n/a'}.",
-              f"Fine-tuning ({'the Fine-tuning row' if table == 'table7' else 'every row'}): lr {settings['finetune_lr']:g}, batch {settings['finetune_batch_size']}, "
+              f"Fine-tuning ({'the Fine-tuning row' if table == 'table7' else 'every row'}): "
+              f"lr {settings['finetune_lr']:g}, batch {settings['finetune_batch_size']}, "
               f"{settings['finetune_epochs']:g} epochs.",
               f"Every variant pre-trained {settings['steps']} steps of {settings['batch_size']} sequences on the same "
               f"batches in the same order ({settings['corpus']}, seed {settings['seed']}); held-out loss on plays "
@@ -136,8 +137,9 @@ def table_markdown(results: dict) -> str:
     if table == "table7":
         lines.append("Feature-based rows: the pre-trained encoder frozen, the chosen hidden states of each word's "
                      f"first sub-token fed to a 2-layer BiLSTM ({settings['lstm_hidden']} per direction; the "
-                     f"paper: 768), {settings['feature_epochs']:g} epochs at lr {settings['feature_lr']:g}; Sum All Layers sums "
-                     f"every encoder layer. CoNLL-2003: the first {settings['ner_train_sentences']} training and "
+                     f"paper: 768), {settings['feature_epochs']:g} epochs at lr {settings['feature_lr']:g}; "
+                     "Sum All Layers sums every encoder layer. "
+                     f"CoNLL-2003: the first {settings['ner_train_sentences']} training and "
                      f"{settings['ner_dev_sentences']} dev sentences.")
     stages = results.get("stage_seconds", {})
     lines += [f"Compute: data {stages.get('data', 0) / 60:.1f} min, pre-training {stages.get('pretrain', 0) / 60:.1f} "
