@@ -205,7 +205,7 @@ def stage_pretrain(args, out: Path, name: str, data: Path, held_out: Path, vocab
         shutil.rmtree(target)  # started but never checkpointed: nothing to keep
     bertforge("pretrain", *init, "--data", data, "--eval-data", held_out, "--output-dir", target,
               *(["--vocab", vocab] if vocab else []), "--no-nsp", "--batch-size", args.batch_size,
-              *budget(args),
+              *budget(args), *(["--lr", args.pretrain_lr] if args.pretrain_lr else []),
               "--eval-every", args.eval_every, "--save-every", args.save_every, "--log-every", args.eval_every,
               "--seed", args.pretrain_seed, "--no-progress", *resume, stage=name)
     return final
@@ -369,7 +369,7 @@ def run_task(args, out: Path) -> dict:
             "recipe": {"batch_size": 32, "lr": args.lr, "epochs": args.epochs, "warmup_ratio": 0.1,
                        "max_seq_length": 128, "score": "best epoch on dev"},
             "pretraining": {**({"budget_steps": args.steps} if args.steps else {"budget_minutes": args.minutes}),
-                            "batch_size": args.batch_size,
+                            "batch_size": args.batch_size, "lr": args.pretrain_lr or "pretrain's default",
                             "max_seq_length": args.max_seq_length, **pretraining_summary(out / "pretrain")},
             **({"pretraining_extended_vocab": pretraining_summary(out / "pretrain-x"), "vocabulary": vocabulary}
                if args.extend_vocab else {}),
@@ -446,11 +446,15 @@ def main() -> int:
     parser.add_argument("--max-predictions", type=int, default=20, help="pre-training masked tokens per instance")
     parser.add_argument("--eval-every", type=int, default=100, help="pre-training steps between held-out evaluations")
     parser.add_argument("--save-every", type=int, default=200, help="pre-training checkpoints (resume)")
+    parser.add_argument("--pretrain-lr", type=float,
+                        help="pre-training peak lr (default: `bertforge pretrain`'s, 5e-5 with --init-from)")
     parser.add_argument("--pretrain-seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1, help="prepare-pretraining processes")
     args = parser.parse_args()
     if (args.task is None) == (not args.compare_scratch):
         parser.error("give --task sst2|conll or --compare-scratch (one of them)")
+    if args.pretrain_lr is not None and args.pretrain_lr <= 0:
+        parser.error("--pretrain-lr must be positive")
     if args.minutes <= 0 or args.seeds < 1 or args.labelled < 1 or (args.steps is not None and args.steps < 1):
         parser.error("--minutes, --steps, --seeds and --labelled must be positive")
     needed = ([args.data / "glue" / "SST-2" / "train.tsv", args.data / "glue" / "SST-2" / "dev.tsv"]
