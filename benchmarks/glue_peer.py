@@ -77,7 +77,9 @@ def run_seed(args, seed: int) -> dict:
         adam_epsilon=1e-6, max_grad_norm=1.0, lr_scheduler_type="linear", seed=seed, eval_strategy="epoch",
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500, save_total_limit=1,
         logging_steps=50, report_to="none", use_cpu=True, dataloader_num_workers=0,
-        disable_tqdm=True)
+        disable_tqdm=True, bf16=args.bf16,
+        # transformers 5 spells 4.x's group_by_length=True this way (LengthGroupedSampler)
+        **({"train_sampling_strategy": "group_by_length"} if args.group_by_length else {}))
     trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=dev,
                       compute_metrics=compute_metrics,
                       data_collator=transformers.DataCollatorWithPadding(tokenizer) if args.dynamic_padding else None)
@@ -129,6 +131,10 @@ def main() -> None:
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--max-train-examples", type=int)
     parser.add_argument("--dynamic-padding", action="store_true", help="pad per batch (not the peer's default)")
+    parser.add_argument("--group-by-length", action="store_true",
+                        help="train_sampling_strategy='group_by_length' (4.x: group_by_length=True): "
+                             "batches of similar lengths (with --dynamic-padding)")
+    parser.add_argument("--bf16", action="store_true", help="TrainingArguments(bf16=True): bf16 autocast on the CPU")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--save-steps", type=int,
                         help="checkpoint every N steps, so that --resume continues a seed cut off mid-run")
@@ -162,6 +168,7 @@ def main() -> None:
                       "task": args.task, "lr": args.lr, "epochs": args.epochs, "batch_size": args.batch_size,
                       "max_seq_length": args.max_seq_length, "threads": args.threads,
                       "padding": "batch" if args.dynamic_padding else "max_length",
+                      "group_by_length": args.group_by_length, "bf16": args.bf16,
                       "summary": {n: describe([r["metrics"][n] for r in runs]) for n in names}, "runs": runs}))
 
 

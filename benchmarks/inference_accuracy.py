@@ -1,7 +1,16 @@
 """What the fast inference paths cost in accuracy: a fine-tuned GLUE model's dev metrics at fp32,
-bf16 and int8 (`optimize_for_inference`), on the same dev set, batches and threads.
+bf16 and int8 (`optimize_for_inference`), on the same dev set, batches and threads; and, beside them,
+the peer's at its best settings in each precision (`--dtypes` with `peer_*`).
 
     python benchmarks/inference_accuracy.py --model runs/sst2 --task sst2 --data-dir ../shared/data/glue
+    python benchmarks/inference_accuracy.py --model runs/sst2 --task sst2 --data-dir ../shared/data/glue \
+        --dtypes fp32,bf16,int8,peer_fp32,peer_bf16,peer_onnx,peer_onnx_int8
+
+The peer's rows load the same checkpoint into transformers' `BertForSequenceClassification` (sdpa)
+and take the same token ids: `peer_fp32`; `peer_bf16` under `torch.autocast("cpu", bfloat16)`;
+`peer_onnx` and `peer_onnx_int8` run its encoder and pooler on onnxruntime (fp32, and after
+`quantize_dynamic` with int8 weights, as `benchmarks/inference.py` does) with the classifier layer
+after it in torch fp32. Every row is compared with bertforge's fp32 (the first dtype).
 
 For each dtype: the task's dev metrics (fractions), the change of each from fp32 in points (×100),
 how many predictions differ from fp32's, the largest logit difference from fp32, and the wall time of
@@ -22,6 +31,47 @@ sys.path.insert(0, str(REPO))
 from _common import cpu_model, log  # noqa: E402
 
 
+PEER_SETTINGS = ("fp32", "bf16", "onnx", "onnx_int8")
+
+
+def peer_classifier(model_dir: str, setting: str, threads: int):
+    """transformers' BertForSequenceClassification of `model_dir` as a module whose call returns
+    `.logits` (what `predict_features` reads), run at `setting` (one of PEER_SETTINGS)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import torch
+    import transformers
+
+    if setting not in PEER_SETTINGS:
+        raise SystemExit(f"unknown peer setting {setting!r}; choose from {', '.join(PEER_SETTINGS)}")
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    peer = transformers.BertForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    encoder = None
+    if setting.startswith("onnx"):
+        from inference import onnx_encoder
+
+        encoder = onnx_encoder(peer.bert, threads, peer=True, int8=setting == "onnx_int8")
+
+    class Peer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.peer = peer
+
+        def forward(self, input_ids, token_type_ids, attention_mask):
+            inputs = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+            if encoder is not None:
+                _, pooled = encoder(inputs)
+                return SimpleNamespace(logits=self.peer.classifier(pooled))
+            autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if setting == "bf16"
+                        else contextlib.nullcontext())
+            with autocast:
+                return SimpleNamespace(logits=self.peer(**inputs).logits.float())
+
+    return Peer().eval()
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="a fine-tuned `bertforge finetune glue` output")
@@ -29,7 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--dtypes", default="fp32,bf16,int8",
                         help="comma-separated: fp32 (the reference, first), bf16, int8 (bertforge's default "
-                             "engine), int8_x86, int8_onednn")
+                             "engine), int8_x86, int8_onednn; the peer's peer_fp32, peer_bf16, peer_onnx, "
+                             "peer_onnx_int8")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
@@ -56,10 +107,13 @@ def main(argv: list[str] | None = None) -> dict:
 
     results, reference = {}, None
     for dtype in args.dtypes.split(","):
-        # "int8_onednn", "int8_x86": int8 with its weights packed for that torch quantized engine
-        base, _, engine = dtype.partition("_")
-        model = optimize_for_inference(BertForSequenceClassification.from_pretrained(args.model), dtype=base,
-                                       quantized_engine=engine or None)
+        if dtype.startswith("peer_"):
+            model = peer_classifier(args.model, dtype[len("peer_"):], args.threads)
+        else:
+            # "int8_onednn", "int8_x86": int8 with its weights packed for that torch quantized engine
+            base, _, engine = dtype.partition("_")
+            model = optimize_for_inference(BertForSequenceClassification.from_pretrained(args.model), dtype=base,
+                                           quantized_engine=engine or None)
         with torch.inference_mode():
             predict_features(model, features[:args.batch_size], args.batch_size, pad_id)  # warm-up
             start = time.perf_counter()

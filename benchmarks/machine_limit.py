@@ -8,7 +8,8 @@ where bertforge's time goes.
    each padded to its longest sentence): bertforge (`optimize_for_inference`, fp32 and bf16) and the peer
    (`attn_implementation="sdpa"`, fp32, and bf16 through `torch.autocast("cpu", dtype=torch.bfloat16)`).
 3. **Training step** (forward, backward, AdamW) of `BertForSequenceClassification` at `base` on the same
-   batches, dropout on: bertforge unpadded (as `finetune` runs) and the peer, fp32 and bf16 autocast.
+   batches, dropout on: bertforge unpadded with its own in-place AdamW (as `finetune` runs) and the peer
+   with `torch.optim.AdamW`, fp32 and bf16 autocast.
 
 Achieved FLOP/s counts the *useful* work of a batch: the real tokens only. Per layer, a sequence of n
 tokens costs 24·n·H² (Q, K, V and output projections 8·n·H², the feed-forward 16·n·H², counting a
@@ -16,7 +17,7 @@ multiply-add as 2 FLOPs) plus 4·n²·H (QKᵀ and the weighted sum of V); a tra
 forward (backward ≈ 2× forward). Work a side spends on padding does not count, so the two sides'
 fractions compare directly.
 
-4. **Profile** of bertforge's fp32 forward and training step (`torch.profiler`): self CPU time by kind
+4. **Profile** of bertforge's forward and training step, fp32 and bf16 (`torch.profiler`): self CPU time by kind
    of op (matmul, attention, LayerNorm, GELU, dropout and other element-wise ops, copies and indexing,
    optimizer, other),
    and the rest of the wall time (Python, dispatch, the profiler's own cost), as fractions.
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from bertforge.modeling import BertForSequenceClassification, optimize_for_inference, use_unpadded
+    from bertforge.training.optim import build_optimizer
     from bertforge.tokenization import BertTokenizer
 
     load_before = load_average()
@@ -222,8 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
                 seconds, totals = time_median(peer_forward, batches, args.repeats)
                 record(f"forward_peer_{precision}", precision, seconds, totals, forward_flops)
-                if precision == "fp32":
-                    results["profile_forward_ours_fp32"] = profile(lambda b: ours(**features(b)), batches)
+                results[f"profile_forward_ours_{precision}"] = profile(lambda b: ours(**features(b)), batches)
             del ours, peer
 
         # Training steps.
@@ -236,7 +237,10 @@ def main(argv: list[str] | None = None) -> int:
                     model = transformers.BertForSequenceClassification.from_pretrained(
                         directory, attn_implementation="sdpa")
                 model.train()
-                optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+                # each side's own optimizer, as its trainer runs it: bertforge's in-place AdamW
+                # (`build_optimizer`), the peer's torch.optim.AdamW
+                optimizer = (build_optimizer(model, lr=1e-5) if side == "ours"
+                             else torch.optim.AdamW(model.parameters(), lr=1e-5))
                 autocast = (contextlib.nullcontext if precision == "fp32"
                             else lambda: torch.autocast("cpu", dtype=torch.bfloat16))
 
@@ -250,8 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                 torch.manual_seed(0)
                 seconds, totals = time_median(step, batches, args.repeats)
                 record(f"train_step_{side}_{precision}", precision, seconds, totals, 3 * forward_flops)
-                if side == "ours" and precision == "fp32":
-                    results["profile_train_step_ours_fp32"] = profile(step, batches)
+                if side == "ours":
+                    results[f"profile_train_step_ours_{precision}"] = profile(step, batches)
                 del model, optimizer
 
     for kind in ("forward", "train_step"):

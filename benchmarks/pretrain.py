@@ -1,7 +1,7 @@
 """Pre-training step throughput: bertforge's against Hugging Face transformers' BertForPreTraining (the "peer").
 
 One step = forward, backward, global-norm clipping (1.0) and AdamW (lr 1e-4, weight decay 0.01,
-ε 1e-6), fp32, dropout on, `--threads` threads (default 2). Both frameworks start from the same
+ε 1e-6), fp32 (or with `--precision bf16` both sides under bf16 autocast), dropout on, `--threads` threads (default 2). Both frameworks start from the same
 weights and train on the same batches: real pre-training instances (128 tokens, 15% masked, at most
 20 predictions, NSP pairs) that `prepare_pretraining` makes from a public-domain novel with the BERT
 uncased vocabulary. bertforge runs its own training step (`Trainer.train_step`: MLM gathered at the
@@ -21,6 +21,7 @@ Exactly one JSON line goes to stdout; progress goes to stderr.
 
     python benchmarks/pretrain.py                          # mini (batch 32) and base (batch 8), 5 repeats
     python benchmarks/pretrain.py --configs mini --repeats 3
+    python benchmarks/pretrain.py --precision bf16         # bertforge's bf16 against the peer's bf16 autocast
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def worker(args: argparse.Namespace) -> None:
         model = BertForPreTraining.from_pretrained(args.model_dir)
         task = MaskedLMStep(unpad=args.unpad)
         trainer = Trainer(model, TrainingArguments(args.scratch, batch_size=args.batch_size, max_steps=10**6,
-                                                   lr=1e-4, weight_decay=0.01, max_grad_norm=1.0, progress=False),
+                                                   lr=1e-4, weight_decay=0.01, max_grad_norm=1.0, progress=False,
+                                                   precision=args.precision),
                           dataset, collate, task, count_fn=task.counts)
 
         def first_loss(batch) -> float:
@@ -97,7 +99,10 @@ def worker(args: argparse.Namespace) -> None:
             return float(model(**by_id[id(batch)]).loss)
 
         def step(batch) -> None:
-            model(**by_id[id(batch)]).loss.backward()
+            # as the Trainer's bf16=True: the forward and the loss under autocast, the backward outside it
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                loss = model(**by_id[id(batch)]).loss
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -263,7 +268,8 @@ def bench_config(name: str, batch: int, steps: int, args, data: Path, workdir: P
     BertForPreTraining(BertConfig.preset(name)).save_pretrained(model_dir)
     common = ["--data", str(data), "--model-dir", str(model_dir), "--batch-size", str(batch),
               "--threads", str(args.threads), "--warmup", str(args.warmup), "--num-batches", str(args.num_batches),
-              "--scratch", str(workdir / f"scratch-{name}"), *([] if args.unpad else ["--no-unpad"])]
+              "--scratch", str(workdir / f"scratch-{name}"), "--precision", args.precision,
+              *([] if args.unpad else ["--no-unpad"])]
     workers = {}
     for framework in ("ours", "peer"):  # started one after the other: loading is not timed but is heavy
         workers[framework] = Worker(framework, common)
@@ -305,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, help="prepared instances (128 tokens) instead of --book")
     parser.add_argument("--no-unpad", dest="unpad", action="store_false",
                         help="bertforge runs the padded encoder (default: MaskedLMStep's unpadded path, as `bertforge pretrain`)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: bertforge's `--precision bf16`, the peer's forward under torch.autocast bf16 "
+                             "(the first-loss check stays fp32)")
     parser.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
@@ -340,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: ours {cell['ours_tokens_per_s']} tok/s, peer {cell['peer_tokens_per_s']} tok/s, "
                 f"speedup {cell['speedup']}; RSS {cell['ours_peak_rss_mb']} vs {cell['peer_peak_rss_mb']} MB")
     report = {
-        "benchmark": "pretraining_step", "dtype": "float32", "threads": args.threads,
+        "benchmark": "pretraining_step", "dtype": {"fp32": "float32", "bf16": "bfloat16 autocast"}[args.precision], "threads": args.threads,
         "torch_version": torch.__version__, "transformers_version": transformers.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "load_average_at_start": round(load, 2),
         "data": str(args.data or args.book), "results": results,
