@@ -1,13 +1,15 @@
 """Task-adaptive pre-training (TAPT): does continuing all-MiniLM-L6-v2's pre-training on a task's own
 unlabelled text pay off when that task has only 1,000 labelled sentences?
 
-    python benchmarks/tapt.py --task sst2  --output-dir runs/tapt-sst2  [--minutes 60] [--seeds 5] [--extend-vocab]
-    python benchmarks/tapt.py --task conll --output-dir runs/tapt-conll [--minutes 60 | --steps N] [--seeds 5] [--extend-vocab]
+    python benchmarks/tapt.py --task sst2  --output-dir runs/tapt-sst2  [--minutes 60 | --steps N] [--pretrain-lr LR]
+                              [--seeds 5] [--extend-vocab]
+    python benchmarks/tapt.py --task conll --output-dir runs/tapt-conll [--minutes 60 | --steps N] [--pretrain-lr LR]
+                              [--seeds 5] [--extend-vocab]
     python benchmarks/tapt.py --compare-scratch --output-dir runs/tapt-books [--minutes 60]
 
 One resumable command: each stage writes into OUT and is skipped when its finished output is there
 (an interrupted pre-training or fine-tuning continues from its checkpoints), so the same command
-is simply run again after an interruption.
+is simply run again after an interruption, or with --extend-vocab added to add that arm.
 
   1. corpus/     the task's unlabelled training text (labels dropped), 2% held out for the masked-LM loss.
                  SST-2: the 67,349 train.tsv sentences, one per line, in pseudo-documents of
@@ -23,8 +25,9 @@ is simply run again after an interruption.
                  (the same masked tokens at every evaluation).
   3. pretrain/   bertforge pretrain --init-from MiniLM --no-nsp --max-minutes M --budget-schedule (or
                  --max-steps N with --steps N: a busy machine then changes only the wall time), held-out
-                 masked-LM loss every --eval-every steps. MiniLM has no MLM head: it starts new, so the
-                 first evaluations mostly measure the head learning to read the encoder.
+                 masked-LM loss every --eval-every steps; peak lr --pretrain-lr (default: pretrain's own,
+                 5e-5 with --init-from; TAPT in Gururangan et al. 2020 used 1e-4). MiniLM has no MLM head:
+                 it starts new, so the first evaluations mostly measure the head learning to read the encoder.
   4. labelled/   a seeded sample of --labelled training sentences (the same for every arm and seed) and the
                  dev set (all of it unless --dev-examples).
   5. finetune/   the same recipe for every arm, --seeds seeds each: direct (MiniLM), tapt (pretrain/final)
