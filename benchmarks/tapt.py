@@ -90,7 +90,8 @@ def bertforge(*arguments: str, stage: str) -> None:
     command = [sys.executable, "-m", "bertforge", *map(str, arguments)]
     log(f"[{stage}] {' '.join(command[1:])}")
     started = time.perf_counter()
-    if subprocess.run(command).returncode != 0:
+    # the child's stdout joins stderr: this script's stdout carries only its one JSON line
+    if subprocess.run(command, stdout=sys.stderr).returncode != 0:
         raise StageError(f"stage {stage} failed (command above); fix it and run the same command again to resume")
     log(f"[{stage}] done in {time.perf_counter() - started:.1f} s")
 
