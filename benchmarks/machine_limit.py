@@ -8,8 +8,8 @@ where bertforge's time goes.
    each padded to its longest sentence): bertforge (`optimize_for_inference`, fp32 and bf16) and the peer
    (`attn_implementation="sdpa"`, fp32, and bf16 through `torch.autocast("cpu", dtype=torch.bfloat16)`).
 3. **Training step** (forward, backward, AdamW) of `BertForSequenceClassification` at `base` on the same
-   batches, dropout on: bertforge unpadded with its own in-place AdamW (as `finetune` runs) and the peer
-   with `torch.optim.AdamW`, fp32 and bf16 autocast.
+   batches, dropout on: bertforge unpadded (as `finetune` runs) and the peer padded; both with PyTorch's
+   fused AdamW (bertforge's `build_optimizer`, the peer's `Trainer` default), fp32 and bf16 autocast.
 
 Achieved FLOP/s counts the *useful* work of a batch: the real tokens only. Per layer, a sequence of n
 tokens costs 24·n·H² (Q, K, V and output projections 8·n·H², the feed-forward 16·n·H², counting a
@@ -17,15 +17,21 @@ multiply-add as 2 FLOPs) plus 4·n²·H (QKᵀ and the weighted sum of V); a tra
 forward (backward ≈ 2× forward). Work a side spends on padding does not count, so the two sides'
 fractions compare directly.
 
-4. **Profile** of bertforge's forward and training step, fp32 and bf16 (`torch.profiler`): self CPU time by kind
-   of op (matmul, attention, LayerNorm, GELU, dropout and other element-wise ops, copies and indexing,
-   optimizer, other),
-   and the rest of the wall time (Python, dispatch, the profiler's own cost), as fractions.
+4. **Profile** of bertforge's forward and of each side's training step, fp32 and bf16 (`torch.profiler`):
+   self CPU time by kind of op (matmul, attention, LayerNorm, GELU, dropout and other element-wise ops,
+   copies and indexing, optimizer, other), and the rest of the wall time (Python, dispatch, the
+   profiler's own cost), as fractions.
 
 Exactly one JSON line goes to stdout; progress goes to stderr.
 
     python benchmarks/machine_limit.py                    # base, batch 32, 3 repeats
     python benchmarks/machine_limit.py --batches 2 --repeats 1 --model-size 2/128/2   # a quick look
+    python benchmarks/machine_limit.py --model-size 6/384/12 --grouped   # all-MiniLM-L6-v2's shape, grouped
+
+`--grouped` forms the batches as transformers' `group_by_length=True` does (its `LengthGroupedSampler`):
+the sentences in a seeded random order, cut into mega-batches of 50 batches, each sorted by length
+(longest first) and cut into batches; the timed batches are `--batches` of one mega-batch's, evenly spaced,
+so each is padded little and their lengths span the data's. Without it, the first batches in file order.
 """
 
 from __future__ import annotations
@@ -132,6 +138,16 @@ def profile(function, batches: list[dict]) -> dict:
             "top_ops": [{"op": name, "fraction": round(s / wall, 4)} for s, name in sorted(top, reverse=True)[:12]]}
 
 
+def grouped_batches(sentences: list[str], tokenizer, batch_size: int, count: int, seed: int = 0) -> list[list[str]]:
+    """`count` evenly spaced batches of one mega-batch, as `LengthGroupedSampler` orders them (see above)."""
+    order = torch.randperm(len(sentences), generator=torch.Generator().manual_seed(seed)).tolist()
+    mega = [sentences[i] for i in order[:50 * batch_size]]
+    lengths = [len(e["input_ids"]) for e in tokenizer.encode_batch(mega, max_length=128, padding=False)]
+    mega = [text for _, text in sorted(zip(lengths, mega), key=lambda pair: -pair[0])]
+    cut = [mega[i:i + batch_size] for i in range(0, len(mega), batch_size)]
+    return [cut[round(k * (len(cut) - 1) / max(1, count - 1))] for k in range(count)]
+
+
 def build(size: tuple[int, int, int], workdir: Path, vocab_dir: Path):
     """A seeded random `BertForSequenceClassification` saved once, so both sides load the same weights."""
     from bertforge.modeling import BertConfig, BertForSequenceClassification
@@ -155,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--mm-sizes", default="1024,2048,3072", help="square sizes n of the peak's torch.mm")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="GLUE SST-2 dev.tsv")
+    parser.add_argument("--grouped", action="store_true",
+                        help="batches of similar lengths, as the peer's group_by_length=True forms them")
     args = parser.parse_args(argv)
     if min(args.batch_size, args.batches, args.repeats, args.threads) < 1:
         parser.error("--batch-size, --batches, --repeats and --threads must be at least 1")
@@ -181,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = BertTokenizer.from_pretrained(vocab_dir)
     sentences = sst2_sentences(args.data)
     batches = []
-    for index in range(args.batches):
-        texts = sentences[index * args.batch_size:(index + 1) * args.batch_size]
+    for texts in (grouped_batches(sentences, tokenizer, args.batch_size, args.batches) if args.grouped
+                  else [sentences[i * args.batch_size:(i + 1) * args.batch_size] for i in range(args.batches)]):
         inputs = tokenizer.encode_batch(texts, max_length=128, return_tensors="pt")
         inputs["labels"] = torch.arange(len(texts)) % 2
         batches.append(inputs)
@@ -237,10 +255,10 @@ def main(argv: list[str] | None = None) -> int:
                     model = transformers.BertForSequenceClassification.from_pretrained(
                         directory, attn_implementation="sdpa")
                 model.train()
-                # each side's own optimizer, as its trainer runs it: bertforge's in-place AdamW
-                # (`build_optimizer`), the peer's torch.optim.AdamW
+                # each side's optimizer as its trainer builds it: bertforge's `build_optimizer`, the
+                # peer's Trainer default (adamw_torch_fused); both PyTorch's fused AdamW
                 optimizer = (build_optimizer(model, lr=1e-5) if side == "ours"
-                             else torch.optim.AdamW(model.parameters(), lr=1e-5))
+                             else torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True))
                 autocast = (contextlib.nullcontext if precision == "fp32"
                             else lambda: torch.autocast("cpu", dtype=torch.bfloat16))
 
@@ -254,8 +272,7 @@ def main(argv: list[str] | None = None) -> int:
                 torch.manual_seed(0)
                 seconds, totals = time_median(step, batches, args.repeats)
                 record(f"train_step_{side}_{precision}", precision, seconds, totals, 3 * forward_flops)
-                if side == "ours":
-                    results[f"profile_train_step_ours_{precision}"] = profile(step, batches)
+                results[f"profile_train_step_{side}_{precision}"] = profile(step, batches)
                 del model, optimizer
 
     for kind in ("forward", "train_step"):
@@ -268,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         "model_size": args.model_size,
         "batch_size": args.batch_size,
         "batches": args.batches,
+        "grouped": args.grouped,
         "real_tokens": sum(lengths),
         "padded_tokens": padded,
         "useful_forward_flops": forward_flops,

@@ -5,9 +5,9 @@ One step = forward, backward, global-norm clipping (1.0) and AdamW (lr 1e-4, wei
 weights and train on the same batches: real pre-training instances (128 tokens, 15% masked, at most
 20 predictions, NSP pairs) that `prepare_pretraining` makes from a public-domain novel with the BERT
 uncased vocabulary. bertforge runs its own training step (`Trainer.train_step`: MLM gathered at the
-masked positions, bertforge's in-place AdamW with BERT's weight-decay groups); the peer a plain loop: the model
+masked positions, PyTorch's fused AdamW with BERT's weight-decay groups); the peer a plain loop: the model
 called with `labels` (B, S) (-100 except at the masked tokens) and `next_sentence_label`, then
-`torch.optim.AdamW(model.parameters())`.
+`torch.optim.AdamW(model.parameters(), fused=True)` (what its `Trainer` runs by default).
 
 Each framework lives in its own worker process (so its peak RSS is its own); the parent runs them in
 turn, never at once: `--repeats` timed repeats of a fixed number of steps, alternating which goes first.
@@ -85,7 +85,7 @@ def worker(args: argparse.Namespace) -> None:
         transformers.logging.set_verbosity_error()
         transformers.logging.disable_progress_bar()
         model = transformers.BertForPreTraining.from_pretrained(args.model_dir, attn_implementation="sdpa")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=True)
 
         def inputs(batch) -> dict:
             return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],

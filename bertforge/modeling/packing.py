@@ -151,14 +151,67 @@ def _group_attention(rows: torch.Tensor, count: int, length: int, num_heads: int
     return out.transpose(1, 2)
 
 
+def pads_attention(packing: Packing, hidden: int) -> bool:
+    """Whether training runs the attention of all the packed examples as one padded, masked batch
+    (`_padded_attention`) instead of one call per length (`packed_attention`'s groups).
+
+    Why: with gradients, each group costs some 25 small ops forward and backward, and a shuffled batch
+    of 32 sentences has about 20 lengths, so per-length calls cost more than the padding saves
+    (fine-tuning SST-2 ran about 1.4x faster in one call: BENCHMARKS.md). One call is taken when the
+    attention work it adds on padding, 4·H·(N·L² − Σ n²) FLOPs for N examples of lengths n up to L, is
+    at most an eighth of the dense layers' 24·T·H² on the T real tokens, as it is for sentence-length
+    batches (the dense layers, not attention, dominate there); long examples of mixed lengths (packed
+    pre-training rows, SQuAD windows) keep the per-length calls.
+    """
+    if len(packing.groups) < 2:
+        return False
+    count = sum(n for _, n, _ in packing.groups)
+    longest = max(length for _, _, length in packing.groups)
+    squares = sum(n * length * length for _, n, length in packing.groups)
+    return 4 * (count * longest * longest - squares) <= 3 * packing.num_tokens * hidden
+
+
+def _padded_slots(packing: Packing, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Where each real packed row sits in the padded (N, L) layout: (real_tokens,) int64 slots
+    n·L + position, the (N, 1, 1, L) key mask (True = a real token), N and L."""
+    count = sum(n for _, n, _ in packing.groups)
+    longest = max(length for _, _, length in packing.groups)
+    lengths = torch.tensor([length for _, n, length in packing.groups for _ in range(n)])
+    slots = torch.arange(longest).expand(count, longest)
+    real = slots < lengths[:, None]  # (N, L); row-major order is the packed order of the real rows
+    slots = (torch.arange(count)[:, None] * longest + slots)[real]
+    return slots.to(device), real[:, None, None, :].to(device), count, longest
+
+
+def _padded_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
+    """qkv (T, 3H) -> context (T, H) through one (N, A, L, D) attention call: the real rows copied into
+    a zero-padded (N·L, 3H) batch (`index_copy`, whose backward is one gather), padding keys masked
+    (their weight is exactly 0), the padding queries' outputs dropped (`index_select`). Filler rows
+    (`Packing.extra_rows`) get a zero context."""
+    tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    real_tokens = tokens - packing.extra_rows
+    slots, key_mask, count, longest = _padded_slots(packing, qkv.device)
+    padded = qkv.new_zeros(count * longest, 3 * hidden).index_copy(0, slots, qkv[:real_tokens])
+    query, key, value = padded.view(count, longest, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
+    if packing.is_causal:  # one mask: torch's attention takes a mask or is_causal, not both
+        key_mask = key_mask & torch.ones(longest, longest, dtype=torch.bool, device=qkv.device).tril_()
+    out = scaled_dot_product_attention(query, key, value, attn_mask=key_mask, dropout_p=dropout_p)  # (N, A, L, D)
+    context = out.transpose(1, 2).reshape(count * longest, hidden).index_select(0, slots)
+    if packing.extra_rows:
+        context = torch.cat([context, qkv.new_zeros(packing.extra_rows, hidden)])
+    return context
+
+
 def _packed_attention_for_autograd(qkv: torch.Tensor, packing: Packing, num_heads: int,
                                    dropout_p: float) -> torch.Tensor:
-    """`packed_attention` when gradients flow: qkv (T, 3H) -> context (T, H), the groups taken with one
-    `split` and their contexts joined with one `cat`. Why: the backward of a slice is a zero-filled
-    (T, 3H) gradient per group, and that of a copy into a slice of `context` clones the whole (T, H)
-    gradient per group, and a batch of 32 sentences has some 20 lengths. The backward of split is one cat
-    and vice versa."""
+    """`packed_attention` when gradients flow: qkv (T, 3H) -> context (T, H). Sentence-length batches
+    run as one padded call (`pads_attention`); otherwise the groups are taken with one `split` and
+    their contexts joined with one `cat`. Why: the backward of a slice is a zero-filled (T, 3H) gradient
+    per group, and that of a copy into a slice of `context` clones the whole (T, H) gradient per group.
+    The backward of split is one cat and vice versa."""
     tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    if pads_attention(packing, hidden):
+        return _padded_attention(qkv, packing, num_heads, dropout_p)
     sizes = [count * length for _, count, length in packing.groups]
     filler = tokens - sum(sizes)  # the extra_rows
     pieces = qkv.split(sizes + [filler] if filler else sizes)

@@ -312,6 +312,48 @@ def test_packed_attention_with_gradients_equals_the_inference_path():
     assert qkv.grad[:packing.num_tokens].abs().sum(1).gt(0).all() and not qkv.grad[packing.num_tokens:].any()
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_padded_attention_in_training_equals_per_length_calls(is_causal):
+    """Sentence-length batches train with one padded, masked attention call (`pads_attention`): the
+    same context and gradients as one call per length (float64, to rounding), filler rows zero."""
+    from bertforge.modeling import packing as packing_module
+    from bertforge.modeling.packing import Packing, packed_attention, pads_attention
+    torch.manual_seed(0)
+    lengths = (3, 12, 3, 7, 0, 5, 9, 12)
+    mask = torch.zeros(len(lengths), 12, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    packing = Packing.from_mask(mask, is_causal=is_causal, row_bucket=16)
+    assert packing.extra_rows and len(packing.groups) == 5 and pads_attention(packing, hidden=64)
+    qkv = torch.randn(packing.num_tokens + packing.extra_rows, 3 * 64, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(qkv.shape[0], 64, dtype=torch.float64)
+    results = []
+    for padded in (True, False):
+        original = packing_module.pads_attention
+        packing_module.pads_attention = lambda *_: padded
+        try:
+            context = packed_attention(qkv, packing, num_heads=4)
+        finally:
+            packing_module.pads_attention = original
+        (context * weights).sum().backward()
+        results.append((context.detach(), qkv.grad.clone()))
+        qkv.grad = None
+    (padded_context, padded_grad), (grouped_context, grouped_grad) = results
+    assert max_diff(padded_context, grouped_context) <= 1e-12 and max_diff(padded_grad, grouped_grad) <= 1e-12
+    assert not padded_context[packing.num_tokens:].any() and not padded_grad[packing.num_tokens:].any()
+
+
+def test_long_mixed_lengths_keep_per_length_attention():
+    """Padding a 512-token example's batch-mates to 512 would cost more attention than it saves."""
+    from bertforge.modeling.packing import Packing, pads_attention
+    mask = torch.zeros(4, 512, dtype=torch.long)
+    for row, length in enumerate((512, 20, 30, 40)):
+        mask[row, :length] = 1
+    assert not pads_attention(Packing.from_mask(mask), hidden=128)
+    assert pads_attention(Packing.from_mask(mask[:, :40]), hidden=128)
+    assert not pads_attention(Packing.from_mask(mask[:1]), hidden=128)  # one length: one call anyway
+
+
 # ----------------------------------------------------------------------------------- bf16, int8
 
 
