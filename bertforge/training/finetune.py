@@ -10,8 +10,8 @@ module does the rest, identically for every task:
   exact resume and the wall-clock budget come from the Trainer;
 * dynamic padding: a batch is padded to its own longest row, and the encoder runs unpadded (`unpad`:
   only the real tokens go through its dense layers), so uniformly shuffled batches of mixed lengths
-  cost little more than batches of similar length; those remain an option (`group_by_length`, with
-  `FinetuneTask.lengths`) for the padded path;
+  spend nothing on padding; batches of similar length (`group_by_length`, with `FinetuneTask.lengths`)
+  remain an option, still somewhat faster (fewer distinct lengths per batch);
 * evaluation every `eval_every` steps and at the end of each epoch; the best model by the task's
   main dev metric is kept in OUT (`config.json`, `model.safetensors`, `vocab.txt`, loadable with
   `from_pretrained` here and in Hugging Face transformers) with `eval_results.json`
@@ -76,11 +76,11 @@ class FinetuneArguments(RunSettings):
                                          help="wall-clock budget per run: then stop, evaluate, keep the best")
     resume: bool = override(RunSettings, "resume", False, help="continue OUT's run (a grid: skip finished runs)",
                             action="store_true", nargs=None, const=None, metavar=None)
-    # Uniformly shuffled batches, as Google's run_classifier and the peer's Trainer: batches of similar
-    # length scored lower on RTE (RESULTS.md). Unpadded execution makes the mixed-length batches cost
-    # about what length-grouped ones do (no compute is spent on padding).
-    group_by_length: bool = setting(False, "batch examples of similar length (less padding; default: uniformly "
-                                    "shuffled batches, which --unpad makes as cheap)", negatable=True)
+    # Uniformly shuffled batches by default, as Google's run_classifier and the peer's Trainer: unpadded
+    # execution spends no compute on padding, but length-grouped batches still train 16-24% faster
+    # (fewer distinct lengths per batch; BENCHMARKS.md, "Fine-tuning against the peer at its best settings").
+    group_by_length: bool = setting(False, "batch examples of similar length (faster: fewer lengths per batch; "
+                                    "default: uniformly shuffled batches, as Google's BERT)", negatable=True)
 
 
 @dataclass

@@ -552,3 +552,46 @@ def test_tuned_threshold_keeps_the_official_decisions_with_a_margin():
     assert tau == pytest.approx(0.5)  # midway to the next odds: "b" no longer sits on the threshold
     tuned = predictions.with_threshold(tau).predictions
     assert tuned == {"a": "paris", "b": "rome", "c": "", "d": ""}
+
+
+def test_error_analysis_slices_and_boundaries(shared_data, tmp_path, capsys):
+    """`benchmarks/squad_errors.py` on real questions (the first v1.1 train articles): the gold answers
+    score 100 in every slice; answers widened by a word before them are all 'too long' boundary errors
+    on the questions whose gold answer has a word before it, and score EM 0 there."""
+    spec = importlib.util.spec_from_file_location("squad_errors", REPO / "benchmarks" / "squad_errors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    source = shared_data / "squad/v1.1/train-v1.1.first11.json"
+    data = json.loads(source.read_text(encoding="utf-8"))
+    data["data"] = data["data"][:2]
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps(data), encoding="utf-8")
+    gold, widened = {}, {}
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                answer = qa["answers"][0]
+                start, end = answer["answer_start"], answer["answer_start"] + len(answer["text"])
+                before = paragraph["context"][:start].split()
+                gold[qa["id"]] = answer["text"]
+                widened[qa["id"]] = (paragraph["context"][start - len(before[-1]) - 1:end]
+                                     if before and paragraph["context"][start - 1] == " " else answer["text"])
+    (tmp_path / "gold.json").write_text(json.dumps(gold))
+    (tmp_path / "wide.json").write_text(json.dumps(widened))
+    assert module.main(["--dev-file", str(dev), "--side", f"gold={tmp_path / 'gold.json'}",
+                        "--side", f"wide={tmp_path / 'wide.json'}"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    sides = report["sides"]
+    assert sides["gold"]["overall"] == {"exact_match": {"mean": 100.0}, "f1": {"mean": 100.0}}
+    assert all(s["f1"]["mean"] == 100.0 for s in sides["gold"]["wh_word"].values())
+    assert sum(s["n"] for s in sides["gold"]["passage_words"].values()) == report["questions"] == len(gold)
+    widened_ids = [q for q in gold if widened[q] != gold[q]]
+    wide = sides["wide"]
+    assert len(widened_ids) > 0.5 * len(gold)
+    # a widened answer can still match another gold answer, or normalise to it ("the X" -> "X")
+    assert wide["boundary_too_long"]["mean"] <= 100.0 * len(widened_ids) / len(gold)
+    assert wide["boundary_too_long"]["mean"] > 0.4 * 100.0 * len(widened_ids) / len(gold)
+    assert wide["boundary_too_short"]["mean"] == wide["boundary_shifted"]["mean"] == 0.0
+    assert wide["predicted_words"]["mean"] > sides["gold"]["predicted_words"]["mean"]
+    assert module.wh_word("How many US states?") == "how many / how much"
+    assert module.wh_word("In which year did it start, and who?") == "which"
