@@ -24,14 +24,15 @@ Also reported: the always-no-answer baseline on the same eval file (every predic
 SQuAD 2.0 scores exactly the share of unanswerable questions.
 
 Exactly one JSON line goes to stdout; OUT holds predictions.json, null_odds.json (v2.0),
-nbest_predictions.json of the best epoch and summary.json.
+nbest_predictions.json of the best epoch and summary.json (with each epoch's metrics, the wall time at
+its end and its evaluation's seconds, as bertforge's `log.jsonl` has them).
 
     python scripts/split_squad.py --output-dir /tmp/squad-split
     python benchmarks/squad_peer.py --model MINILM --train-file /tmp/squad-split/train.json \
         --dev-file /tmp/squad-split/eval.json --version 2.0 --output-dir runs/squad_peer
     python benchmarks/squad_peer.py --model MINILM --train-file /tmp/squad-split/train.json \
         --dev-file /tmp/squad-split/eval.json --version 2.0 --output-dir /tmp/p \
-        --max-train-examples 16 --max-eval-examples 16 --epochs 1 --max-seq-length 128   # a smoke run
+        --max-train-examples 16 --max-eval-examples 16 --epochs 1 --max-seq-length 128 --doc-stride 32  # a smoke run
 """
 
 from __future__ import annotations
@@ -285,15 +286,20 @@ def main() -> int:
     baseline = evaluate_v2(dev_data, baseline_predictions) if v2 else evaluate_v1(dev_data, baseline_predictions)
     history: list[dict] = []
     best: dict = {}
+    clock = {"start": 0.0}  # set when training starts
 
     def evaluate(model, epoch: float) -> None:
+        """Score the dev file after an epoch; the history records the wall time at the epoch's end
+        (`elapsed_seconds`, training and earlier evaluations) and this evaluation's own seconds."""
+        elapsed = time.perf_counter() - clock["start"]
         logits = predict(model, dev_features, tokenizer, args.eval_batch_size)
         predictions, nbest, null_odds = postprocess_qa_predictions(
             dev_examples, dev_features, logits, v2, args.n_best_size, args.max_answer_length,
             args.null_score_diff_threshold)
         official = evaluate_v2(dev_data, predictions, null_odds) if v2 else evaluate_v1(dev_data, predictions)
         metrics = squad_metrics(dev_data, predictions, args.version, null_odds if v2 else None)
-        history.append({"epoch": epoch, **metrics})
+        history.append({"epoch": epoch, **metrics, "elapsed_seconds": round(elapsed, 2),
+                        "eval_seconds": round(time.perf_counter() - clock["start"] - elapsed, 2)})
         log(f"peer: epoch {epoch:g}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if not best or metrics["f1"] > best["metrics"]["f1"]:
             best.update(epoch=epoch, metrics=metrics, official=official)
@@ -317,7 +323,7 @@ def main() -> int:
         use_cpu=args.device == "cpu" or not torch.cuda.is_available())
     trainer = Trainer(model=model, args=training, train_dataset=train_features,
                       data_collator=DataCollatorWithPadding(tokenizer), callbacks=[EvaluateEachEpoch()])
-    start = time.perf_counter()
+    start = clock["start"] = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):  # the Trainer prints its logs; stdout is for the JSON line
         trainer.train()
     seconds = time.perf_counter() - start
