@@ -10,7 +10,7 @@ on CPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -67,6 +67,7 @@ class Packing:
     is_causal: bool = False
     extra_rows: int = 0  # filler rows after the T real ones (see `row_bucket`)
     length_bucket: int = 0  # in low-precision inference, attention lengths are rounded up too (see `bucket_size`)
+    padded_slots: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
@@ -157,7 +158,7 @@ def pads_attention(packing: Packing, hidden: int) -> bool:
 
     Why: with gradients, each group costs some 25 small ops forward and backward, and a shuffled batch
     of 32 sentences has about 20 lengths, so per-length calls cost more than the padding saves
-    (fine-tuning SST-2 ran about 1.4x faster in one call: BENCHMARKS.md). One call is taken when the
+    (BENCHMARKS.md, "Fine-tuning against the peer at its best settings"). One call is taken when the
     attention work it adds on padding, 4·H·(N·L² − Σ n²) FLOPs for N examples of lengths n up to L, is
     at most an eighth of the dense layers' 24·T·H² on the T real tokens, as it is for sentence-length
     batches (the dense layers, not attention, dominate there); long examples of mixed lengths (packed
@@ -171,16 +172,19 @@ def pads_attention(packing: Packing, hidden: int) -> bool:
     return 4 * (count * longest * longest - squares) <= 3 * packing.num_tokens * hidden
 
 
-def _padded_slots(packing: Packing, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def _padded_slots(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each real packed row sits in the padded (N, L) layout: (real_tokens,) int64 slots
-    n·L + position, the (N, 1, 1, L) key mask (True = a real token), N and L."""
-    count = sum(n for _, n, _ in packing.groups)
-    longest = max(length for _, _, length in packing.groups)
-    lengths = torch.tensor([length for _, n, length in packing.groups for _ in range(n)])
-    slots = torch.arange(longest).expand(count, longest)
-    real = slots < lengths[:, None]  # (N, L); row-major order is the packed order of the real rows
-    slots = (torch.arange(count)[:, None] * longest + slots)[real]
-    return slots.to(device), real[:, None, None, :].to(device), count, longest
+    n·L + position, and the (N, 1, 1, L) key mask (True = a real token). Built once per batch and
+    kept on the Packing, which every layer shares."""
+    if packing.padded_slots is None:
+        lengths = torch.tensor([length for _, n, length in packing.groups for _ in range(n)])
+        count, longest = len(lengths), int(lengths.max())
+        slots = torch.arange(longest).expand(count, longest)
+        real = slots < lengths[:, None]  # (N, L); row-major order is the packed order of the real rows
+        slots = (torch.arange(count)[:, None] * longest + slots)[real]
+        device = packing.index.device
+        packing.padded_slots = (slots.to(device), real[:, None, None, :].to(device))
+    return packing.padded_slots
 
 
 def _padded_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
@@ -190,7 +194,8 @@ def _padded_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropo
     (`Packing.extra_rows`) get a zero context."""
     tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
     real_tokens = tokens - packing.extra_rows
-    slots, key_mask, count, longest = _padded_slots(packing, qkv.device)
+    slots, key_mask = _padded_slots(packing)
+    count, longest = key_mask.shape[0], key_mask.shape[-1]
     padded = qkv.new_zeros(count * longest, 3 * hidden).index_copy(0, slots, qkv[:real_tokens])
     query, key, value = padded.view(count, longest, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
     if packing.is_causal:  # one mask: torch's attention takes a mask or is_causal, not both

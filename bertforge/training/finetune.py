@@ -77,8 +77,8 @@ class FinetuneArguments(RunSettings):
     resume: bool = override(RunSettings, "resume", False, help="continue OUT's run (a grid: skip finished runs)",
                             action="store_true", nargs=None, const=None, metavar=None)
     # Uniformly shuffled batches by default, as Google's run_classifier and the peer's Trainer: unpadded
-    # execution spends no compute on padding, but length-grouped batches still train 16-24% faster
-    # (fewer distinct lengths per batch; BENCHMARKS.md, "Fine-tuning against the peer at its best settings").
+    # execution spends no compute on padding, but length-grouped batches still train faster (fewer
+    # distinct lengths per batch; BENCHMARKS.md, "Fine-tuning against the peer at its best settings").
     group_by_length: bool = setting(False, "batch examples of similar length (faster: fewer lengths per batch; "
                                     "default: uniformly shuffled batches, as Google's BERT)", negatable=True)
 

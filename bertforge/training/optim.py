@@ -7,9 +7,9 @@ as the ecosystem's BERT implementations do; Google's AdamWeightDecayOptimizer do
 fades after the first few hundred steps and is hidden by the warm-up).
 
 The update is PyTorch's fused AdamW kernel on every device: on CPU it is one vectorised pass per
-tensor over parameter, gradient and both moments, 2-4x faster than the for-each and per-tensor
-forms (BENCHMARKS.md, "Fine-tuning against the peer at its best settings"), and what the peer's
-`Trainer` runs by default (`adamw_torch_fused`).
+tensor over parameter, gradient and both moments, faster than the for-each and per-tensor forms
+(BENCHMARKS.md, "How close to the machine's limit"), and what the peer's `Trainer` runs by default
+(`adamw_torch_fused`).
 """
 
 from __future__ import annotations
