@@ -176,6 +176,19 @@ class BertForMaskedLM(PreTrainedBert):
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
 
 
+def _over_real_tokens(logits: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """(B, S) span logits in fp32 with the padding positions at the lowest float, so that the softmax
+    over a window's positions (the start and end losses) runs over its real tokens only. Without
+    this a padding position would be a candidate: the padded path gives it whatever the encoder
+    computes there (what Google's run_squad and transformers train with), the unpadded path a
+    hidden state of zeros, i.e. a fixed logit equal to the bias; either way the loss would depend
+    on how much padding a batch has, and the two paths would train differently."""
+    logits = logits.float()
+    if attention_mask is None:
+        return logits
+    return logits.masked_fill(attention_mask.reshape(logits.shape) == 0, torch.finfo(torch.float32).min)
+
+
 def _classifier_dropout(config: BertConfig) -> Dropout:
     p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
     return Dropout(p)
@@ -255,8 +268,9 @@ class BertForQuestionAnswering(PreTrainedBert):
             # A gold position outside the window counts as "ignored" rather than crashing the loss.
             start = start_positions.reshape(-1).clamp(0, seq_length)
             end = end_positions.reshape(-1).clamp(0, seq_length)
-            loss = (F.cross_entropy(start_logits.float(), start, ignore_index=seq_length)
-                    + F.cross_entropy(end_logits.float(), end, ignore_index=seq_length)) / 2
+            loss = (F.cross_entropy(_over_real_tokens(start_logits, attention_mask), start, ignore_index=seq_length)
+                    + F.cross_entropy(_over_real_tokens(end_logits, attention_mask), end,
+                                      ignore_index=seq_length)) / 2
         return QuestionAnsweringOutput(start_logits.contiguous(), end_logits.contiguous(), loss,
                                        out.hidden_states, out.attentions)
 

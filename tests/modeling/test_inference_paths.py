@@ -292,6 +292,32 @@ def test_unpadded_causal_and_autograd_match_padded():
         assert max_diff(grads[1][name], grads[0][name]) <= TOL, name
 
 
+def test_span_loss_is_the_same_on_both_paths_and_with_more_padding():
+    """SQuAD's start/end softmax runs over a window's real tokens: the loss and its gradients are the
+    same on the padded and unpadded paths and when the batch is padded further. (When padding was a
+    candidate, the unpadded path gave it a fixed logit, the bias, and trained worse: issue 28.)"""
+    torch.manual_seed(0)
+    config = BertConfig.preset("tiny", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = BertForQuestionAnswering(config)
+    lengths = torch.tensor([12, 5, 9])
+    mask = (torch.arange(12)[None] < lengths[:, None]).long()
+    inputs = {"input_ids": torch.randint(1000, 30000, (3, 12)) * mask, "attention_mask": mask,
+              "token_type_ids": (torch.arange(12)[None] >= 3).long() * mask,
+              "start_positions": torch.tensor([4, 1, 3]), "end_positions": torch.tensor([6, 4, 8])}
+    wider = {key: torch.nn.functional.pad(value, (0, 20)) if value.dim() == 2 else value
+             for key, value in inputs.items()}
+    runs = []
+    for batch, unpad in ((inputs, False), (inputs, True), (wider, False), (wider, True)):
+        model.zero_grad()
+        loss = model(**batch, unpad=unpad).loss
+        loss.backward()
+        runs.append((loss.item(), {name: param.grad.clone() for name, param in model.named_parameters()}))
+    for loss, grads in runs[1:]:
+        assert abs(loss - runs[0][0]) <= TOL
+        for name, grad in grads.items():
+            assert max_diff(grad, runs[0][1][name]) <= TOL, name
+
+
 def test_packed_attention_with_gradients_equals_the_inference_path():
     """Training takes the groups with split/cat (no per-group full-size gradients); the context is the
     same as the in-place path's, filler rows zero, and the gradient reaches every real row."""

@@ -595,3 +595,52 @@ def test_error_analysis_slices_and_boundaries(shared_data, tmp_path, capsys):
     assert wide["predicted_words"]["mean"] > sides["gold"]["predicted_words"]["mean"]
     assert module.wh_word("How many US states?") == "how many / how much"
     assert module.wh_word("In which year did it start, and who?") == "which"
+
+
+def test_side_by_side_runs_each_side_once_and_resumes(shared_data, minilm_dir, tmp_path):
+    """`benchmarks/squad_side_by_side.py` on a few real questions, with a tiny random model on MiniLM's
+    vocabulary: one run per side, each side's recorded scores equal those re-read from its
+    predictions.json (checked inside), the summary holds both sides and the goal test, and the same
+    command again runs nothing."""
+    import shutil
+    import subprocess
+    import sys
+
+    import torch
+
+    from bertforge.modeling import BertConfig, BertForQuestionAnswering
+
+    model_dir = tmp_path / "tiny"
+    model_dir.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(minilm_dir / name, model_dir / name)
+    torch.manual_seed(0)
+    BertForQuestionAnswering(BertConfig.preset("tiny", vocab_size=30522)).save_pretrained(model_dir)
+    source = shared_data / "squad/v1.1/train-v1.1.first11.json"
+    data = json.loads(source.read_text(encoding="utf-8"))
+    data["data"] = data["data"][:1]
+    data["data"][0]["paragraphs"] = data["data"][0]["paragraphs"][:2]
+    dev = tmp_path / "dev.json"
+    dev.write_text(json.dumps(data), encoding="utf-8")
+    out = tmp_path / "out"
+    command = [sys.executable, str(REPO / "benchmarks" / "squad_side_by_side.py"), "--model", str(model_dir),
+               "--version", "1.1", "--train-file", str(source), "--dev-file", str(dev), "--output-dir", str(out),
+               "--seeds", "1", "--max-train-examples", "16", "--epochs", "1", "--batch-size", "8",
+               "--max-seq-length", "128", "--doc-stride", "32", "--num-threads", "1", "--device", "cpu"]
+    first = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    summary = json.loads(first.stdout)
+    questions = sum(len(p["qas"]) for p in data["data"][0]["paragraphs"])
+    for side in ("bertforge", "peer"):
+        run = summary["sides"][side]["runs"]["1"]
+        assert 0.0 <= run["scores"]["exact"] <= run["scores"]["f1"] <= 100.0
+        assert len(run["epochs"]) == 1 and run["peak_rss_mib"] > 0
+        assert len(json.loads((out / side / "seed1" / "predictions.json").read_text())) == questions
+        record = json.loads((out / side / "seed1" / "run.json").read_text())
+        assert record["command"][0] == "python" and str(REPO) not in " ".join(record["command"])
+    assert isinstance(summary["goal_met"], bool)
+    again = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0 and "start " not in again.stderr
+    assert json.loads(again.stdout)["sides"] == summary["sides"]
+    wrong = subprocess.run([*command, "--sides", "ours"], capture_output=True, text=True, cwd=tmp_path)
+    assert wrong.returncode == 2 and "--sides: unknown ['ours']" in wrong.stderr
