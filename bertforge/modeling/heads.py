@@ -248,7 +248,8 @@ class BertForTokenClassification(PreTrainedBert):
 
 
 class BertForQuestionAnswering(PreTrainedBert):
-    """A start vector S and an end vector E; P(start = i) = softmax_i(S · T_i) (§4.2)."""
+    """A start vector S and an end vector E; P(start = i) = softmax_i(S · T_i) over the window's real
+    tokens (§4.2); the returned logits are (B, S) with padding positions left as computed."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
