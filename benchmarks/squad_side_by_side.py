@@ -61,8 +61,9 @@ def command(side: str, seed: int, out: Path, args: argparse.Namespace) -> list[s
     return [sys.executable, str(REPO / "benchmarks" / "squad_peer.py"), *common]
 
 
-def read_run(side: str, out: Path, version: str) -> dict:
-    """A finished run's best-epoch official scores (percent), and the wall time at each epoch's end."""
+def read_run(side: str, out: Path, version: str, dataset: list[dict]) -> dict:
+    """A finished run's best-epoch official scores (percent) on `dataset` (the dev file's `data`), and the
+    time at each epoch's end (bertforge's: training only; the peer's: training and earlier evaluations)."""
     from bertforge.metrics.squad import evaluate_v1, evaluate_v2
 
     if side == "bertforge":
@@ -75,7 +76,6 @@ def read_run(side: str, out: Path, version: str) -> dict:
         epochs = [{"epoch": row["epoch"], "elapsed_seconds": row["elapsed_seconds"]} for row in summary["epochs"]]
     # Re-scored here from the files, the same way for both sides.
     predictions = json.loads((out / "predictions.json").read_text())
-    dataset = json.loads(Path(read_run.dev_file).read_text())["data"]
     if version == "2.0":
         null_odds = json.loads((out / "null_odds.json").read_text())
         rescored = evaluate_v2(dataset, predictions, null_odds)
@@ -112,6 +112,7 @@ def run_all(args: argparse.Namespace, root: Path) -> dict[str, dict[int, dict]]:
             if not (out / "run.json").exists():
                 pending.append((side, seed, out))
     running: dict[int, tuple] = {}
+    dataset = json.loads(Path(args.dev_file).read_text(encoding="utf-8"))["data"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
            "TOKENIZERS_PARALLELISM": "false"}
     while pending or running:
@@ -134,7 +135,7 @@ def run_all(args: argparse.Namespace, root: Path) -> dict[str, dict[int, dict]]:
             continue
         record = {"side": side, "seed": seed, "command": portable(cmd), "device": device_name(args.device),
                   "jobs": args.jobs, "wall_seconds": round(time.perf_counter() - started, 1),
-                  "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), **read_run(side, out, args.version)}
+                  "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), **read_run(side, out, args.version, dataset)}
         (out / "run.json").write_text(json.dumps(record, indent=2) + "\n")
         log(f"done {side} seed {seed}: " + ", ".join(f"{k} {v:.2f}" for k, v in record["scores"].items()))
     records: dict[str, dict[int, dict]] = {side: {} for side in args.sides}
@@ -183,7 +184,6 @@ def main() -> int:
     for flag in ("model", "train_file", "dev_file"):
         if not Path(getattr(args, flag)).exists():
             parser.error(f"--{flag.replace('_', '-')}: {getattr(args, flag)} does not exist")
-    read_run.dev_file = args.dev_file
     root = Path(args.output_dir)
     records = run_all(args, root)
 
