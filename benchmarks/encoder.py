@@ -138,9 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="GLUE SST-2 dev.tsv")
-    parser.add_argument("--onednn", action="store_true",
-                        help="opt bertforge into oneDNN matmuls (BERTFORGE_ONEDNN_LINEAR=1): faster, "
-                             "but rounding differs from the peer by up to ~1e-5")
+    parser.add_argument("--blas", action="store_true",
+                        help="run bertforge's float32 inference matmuls through F.linear, the peer's BLAS calls "
+                             "(BERTFORGE_ONEDNN_LINEAR=0), instead of oneDNN: slower, the peer's bits")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         if name not in MODELS:
             parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
-    if args.onednn:
-        os.environ["BERTFORGE_ONEDNN_LINEAR"] = "1"
+    if args.blas:
+        os.environ["BERTFORGE_ONEDNN_LINEAR"] = "0"
     torch.set_num_threads(args.threads)
     quiet_libraries()
     import transformers

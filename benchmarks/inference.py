@@ -348,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="use only the first N batches of each dataset")
     parser.add_argument("--glue", type=Path, default=DEFAULT_GLUE, help="directory holding SST-2/ and MRPC/")
-    parser.add_argument("--onednn", action="store_true",
-                        help="opt bertforge's fp32 matmuls into oneDNN (BERTFORGE_ONEDNN_LINEAR=1): faster, but "
-                             "rounding differs from the peer by up to ~1e-5")
+    parser.add_argument("--blas", action="store_true",
+                        help="run bertforge's float32 inference matmuls through F.linear, the peer's BLAS calls "
+                             "(BERTFORGE_ONEDNN_LINEAR=0), instead of oneDNN: slower, the peer's bits")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
@@ -365,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads < 1 or args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         parser.error("--threads, --batch-size and --limit must be at least 1")
 
-    if args.onednn:
-        os.environ["BERTFORGE_ONEDNN_LINEAR"] = "1"
+    if args.blas:
+        os.environ["BERTFORGE_ONEDNN_LINEAR"] = "0"
     torch.set_num_threads(args.threads)
     quiet_libraries()
     import transformers

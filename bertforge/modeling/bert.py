@@ -29,7 +29,8 @@ from torch import nn
 from .config import BertConfig
 from .dropout import Dropout, dropout, scaled_dot_product_attention
 from .kernels import (_ONEDNN_LINEAR, Linear, Workspace, _autocasting, inplace_activation,  # noqa: F401
-                      linear, may_overwrite_output, onednn_linear_op, project, share_storage, stacked_parameter)
+                      fused_linear_activation, linear, may_overwrite_output, onednn_linear_op, project, share_storage,
+                      stacked_parameter)
 from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size, packed_attention  # noqa: F401 (re-exported)
 from .pretrained import PreTrainedBert
 
@@ -211,8 +212,15 @@ class FeedForwardExpansion(nn.Module):
         self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.activation = activation(config.hidden_act)
         self.activation_ = inplace_activation(config.hidden_act)
+        self.fused_activation = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                                 "relu": "relu"}.get(config.hidden_act)
 
     def forward(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
+        if self.fused_activation is not None and isinstance(self.dense, nn.Linear) and may_overwrite_output(self.dense):
+            # float32 inference on CPU: the activation fused into the matmul (None elsewhere)
+            fused = fused_linear_activation(hidden_states, self.dense.weight, self.dense.bias, self.fused_activation)
+            if fused is not None:
+                return fused
         if workspace is not None and self.activation_ is not None:
             hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "intermediate")
             return self.activation_(hidden_states)

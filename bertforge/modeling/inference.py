@@ -12,14 +12,18 @@ H hidden):
 - `unpad=True` (default): the encoder computes the T real tokens instead of all B·S positions
   (`bertforge.modeling.packing.Packing`); outputs keep their (B, S, ...) shapes, padding positions
   hold zeros. Exact to float rounding (≤ 1e-5 in fp32 on all-MiniLM-L6-v2).
+- fp32 on CPU: the matmuls run in oneDNN (`kernels.onednn_linear_op`), the feed-forward's GELU fused
+  into its first one, and attention over sentence lengths as plain matmuls (`packing.py`): faster
+  than the BLAS here, within 1e-5 of the peer's outputs; BERTFORGE_ONEDNN_LINEAR=0 gives the BLAS
+  path, bit for bit the peer's.
 - `row_bucket` (with unpad; default 16 on CPU, every dtype, 0 on GPUs): T is rounded up to
   one of a few lengths (a multiple of max(16, 2^⌊log2 T⌋ / 8): ≤ 1/8 more rows) with filler rows
   that attend to nothing and are dropped, so the matmuls see few distinct shapes. Real workloads (a
   server's micro-batches, one pass over a file) have a new T nearly every batch, and oneDNN, which
   runs the bf16 and int8 matmuls on CPU, builds and caches a kernel per shape: on such batches
   buckets make int8 and bf16 faster and keep their memory bounded (see BENCHMARKS.md,
-  "Inference on batches whose shapes never repeat"). In fp32 the matmuls are MKL's, but the GELU is oneDNN's, per shape
-  too, so fp32 is bucketed as well (a server's memory otherwise grows with every new T). With
+  "Inference on batches whose shapes never repeat"). fp32 runs its matmuls in oneDNN too, so it is
+  bucketed as well (a server's memory otherwise grows with every new T). With
   buckets a batch without padding is packed as well, and in bf16/fp16 each example's attention runs
   at a bucketed length (masked). Outputs are unchanged (the filler rows are never read).
 - `dtype="bf16"`: weights and activations in bfloat16; on a CPU with AVX-512 BF16 or AMX the
@@ -184,8 +188,8 @@ def _device_of(model: nn.Module) -> torch.device:
 
 def default_row_bucket(model: nn.Module) -> int:
     """The unpadded path's bucket step for `model` as it is now: DEFAULT_ROW_BUCKET on CPU, every
-    dtype, else 0 (exact packing). On CPU oneDNN builds and caches a kernel per shape: the bf16 and
-    int8 matmuls, bf16 attention blocks, and in float32 the GELU; without buckets a server's memory
+    dtype, else 0 (exact packing). On CPU oneDNN builds and caches a kernel per shape: the matmuls of
+    every dtype and bf16 attention blocks; without buckets a server's memory
     grows with every new batch shape (`bertforge.modeling.packing.bucket_size`)."""
     return DEFAULT_ROW_BUCKET if _device_of(model).type == "cpu" else 0
 

@@ -1,5 +1,5 @@
 """The CPU inference kernels of the encoder's dense layers: reused scratch buffers, in-place updates
-where no autograd graph or hook can see them, and the opt-in oneDNN linear.
+where no autograd graph or hook can see them, and oneDNN's linear kernel with the activation fused.
 
 None of this changes what the layers compute (the paper's layers in bert.py read as if these were
 `F.linear` and fresh tensors); it changes where results are written and which kernel runs, so that an
@@ -15,59 +15,91 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "Workspace", "inplace_activation", "linear", "may_overwrite_output", "onednn_linear_op", "project",
-           "share_storage", "stacked_parameter"]
+__all__ = ["Linear", "Workspace", "fused_linear_activation", "inplace_activation", "linear", "may_overwrite_output",
+           "onednn_linear_op", "project", "share_storage", "stacked_parameter"]
 
 _ONEDNN_LINEAR: list = []  # [op or None], decided on first use
+ONEDNN_SWITCH = "BERTFORGE_ONEDNN_LINEAR"  # "0": inference matmuls through F.linear (the BLAS) instead
+# oneDNN's post-op name for each activation it can fuse into a linear layer: (attr, algorithm)
+_FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+_PROBE_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
 
 
 def onednn_linear_op():
-    """torch's oneDNN float32 linear kernel (the one Inductor uses on CPU) if opted in, else None.
+    """torch's oneDNN linear kernel (`torch.ops.mkldnn._linear_pointwise`, the one Inductor uses on
+    CPU), or None where it is switched off, missing, or disagrees with `F.linear` on a probe.
 
-    Opt in with the environment variable BERTFORGE_ONEDNN_LINEAR=1 (read on first use). For BERT's
-    shapes on a CPU it is faster than the BLAS call behind `F.linear`, which is most of a forward
-    pass (BENCHMARKS.md), but it rounds differently: hidden states drift from the BLAS results (and from
-    Hugging Face transformers) by up to ~1e-5 in the middle layers of all-MiniLM-L6-v2, so it is not
-    the default. None also where this build of torch lacks the op or a probe disagrees with F.linear.
+    Why: for BERT's shapes on a CPU it is faster than the BLAS (MKL) call behind `F.linear`, most of all
+    on CPUs MKL does not tune for, and it applies GELU to each tile while it is in cache instead of in
+    a second pass over the (T, 4H) expansion (BENCHMARKS.md, "Inference against the peer at its best
+    settings"). It sums in another order, so hidden states differ from the BLAS results in the last
+    bits (within the 1e-5 budget against the peer that the parity tests hold). The environment
+    variable BERTFORGE_ONEDNN_LINEAR=0 (read on first use) keeps inference on `F.linear`.
     """
     if not _ONEDNN_LINEAR:
         op = None
-        if os.environ.get("BERTFORGE_ONEDNN_LINEAR", "0") == "1":
+        if os.environ.get(ONEDNN_SWITCH, "1") != "0":
             try:
                 if torch.backends.mkldnn.is_available():
-                    candidate = torch.ops.mkldnn._linear_pointwise
+                    op = torch.ops.mkldnn._linear_pointwise
                     generator = torch.Generator().manual_seed(0)
                     x = torch.randn(2, 3, 16, generator=generator)
                     weight, bias = torch.randn(8, 16, generator=generator), torch.randn(8, generator=generator)
                     with torch.no_grad():
-                        ok = torch.allclose(candidate(x, weight, bias, "none", [None], ""), F.linear(x, weight, bias),
-                                            rtol=1e-4, atol=1e-5)
-                        ok = ok and torch.allclose(candidate(x, weight, None, "none", [None], ""),
-                                                   F.linear(x, weight), rtol=1e-4, atol=1e-5)
-                    op = candidate if ok else None
+                        expected = F.linear(x, weight, bias)
+                        ok = (torch.allclose(op(x, weight, bias, "none", [None], ""), expected, **_PROBE_TOLERANCE)
+                              and torch.allclose(op(x, weight, None, "none", [None], ""), F.linear(x, weight),
+                                                 **_PROBE_TOLERANCE)
+                              and torch.allclose(op(x, weight, bias, "gelu", [None], "none"), F.gelu(expected),
+                                                 **_PROBE_TOLERANCE)
+                              and torch.allclose(op(x, weight, bias, "gelu", [None], "tanh"),
+                                                 F.gelu(expected, approximate="tanh"), **_PROBE_TOLERANCE)
+                              and torch.allclose(op(x, weight, bias, "relu", [None], ""), F.relu(expected),
+                                                 **_PROBE_TOLERANCE))
+                    op = op if ok else None
             except Exception:  # not built with oneDNN, or the private op changed: use F.linear
                 op = None
         _ONEDNN_LINEAR.append(op)
     return _ONEDNN_LINEAR[0]
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`; through oneDNN if opted in (`onednn_linear_op`), without autograd, on CPU float32."""
-    if (
+def _onednn_eligible(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Inference (no autograd, no autocast) on CPU float32 contiguous tensors, oneDNN on."""
+    return (
         not torch.is_grad_enabled() and not _autocasting()
         and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
         and x.layout == torch.strided and x.is_contiguous() and weight.is_contiguous()
         and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
         and torch.backends.mkldnn.enabled
-    ):
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear`; through oneDNN (`onednn_linear_op`) in float32 inference on CPU."""
+    if _onednn_eligible(x, weight, bias):
         op = onednn_linear_op()
         if op is not None:
             return op(x, weight, bias, "none", [None], "")
     return F.linear(x, weight, bias)
 
 
+def fused_linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                            name: str) -> torch.Tensor | None:
+    """activation(linear(x, weight, bias)) in one oneDNN call, the activation applied to each output
+    tile as it is computed, or None where that does not apply (training, another dtype or device,
+    oneDNN off, an activation it has no post-op for). name: "gelu" (erf), "gelu_tanh" or "relu".
+    x (..., in) -> (..., out)."""
+    fused = _FUSED_ACTIVATIONS.get(name)
+    if fused is None or not _onednn_eligible(x, weight, bias):
+        return None
+    op = onednn_linear_op()
+    if op is None:
+        return None
+    return op(x, weight, bias, fused[0], [None], fused[1])
+
+
 class Linear(nn.Linear):
-    """nn.Linear whose forward is `linear` (oneDNN in inference on CPU, if opted in)."""
+    """nn.Linear whose forward is `linear` (oneDNN in float32 inference on CPU)."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         return linear(input, self.weight, self.bias)

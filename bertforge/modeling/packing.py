@@ -148,8 +148,25 @@ def _group_attention(rows: torch.Tensor, count: int, length: int, num_heads: int
     (count, length, A, D), a view of the attention output (not contiguous)."""
     hidden = rows.shape[1] // 3
     query, key, value = rows.view(count, length, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
+    if _short_float32_inference(query, length, dropout_p, is_causal):
+        scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)  # (N, A, L, L)
+        return torch.matmul(scores.softmax(dim=-1), value).transpose(1, 2)
     out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal)
     return out.transpose(1, 2)
+
+
+# Up to this many tokens, float32 inference attention on CPU runs as two matmuls and a softmax.
+MATH_ATTENTION_MAX_LENGTH = 128
+
+
+def _short_float32_inference(query: torch.Tensor, length: int, dropout_p: float, is_causal: bool) -> bool:
+    """Whether a group's attention runs as softmax(Q Kᵀ / √D) V in plain matmuls rather than torch's
+    fused CPU kernel: float32 on CPU, no autograd, no dropout or causal mask, `length` up to
+    MATH_ATTENTION_MAX_LENGTH. Why: the fused kernel works in blocks sized for long sequences; at
+    sentence lengths and BERT's head sizes (32, 64) the batched matmuls are faster, and the (N, A, L, L)
+    scores are small (BENCHMARKS.md, "Inference against the peer at its best settings")."""
+    return (length <= MATH_ATTENTION_MAX_LENGTH and query.dtype == torch.float32 and query.device.type == "cpu"
+            and not dropout_p and not is_causal and not torch.is_grad_enabled())
 
 
 def pads_attention(packing: Packing, hidden: int) -> bool:

@@ -138,7 +138,9 @@ def assert_heads_agree(model, inputs: dict, mask: torch.Tensor, check_attribute:
         for key, value in padded.items():
             token_level = value.dim() >= 2 and value.shape[:2] == mask.shape
             real = (lambda x: x[mask]) if token_level else (lambda x: x)
-            assert max_diff(real(unpadded[key]), real(value)) <= TOL, (type(model).__name__, key)
+            # relative to the logits' size: float32 rounding scales with it (the MLM head's reach ~10)
+            scale = max(1.0, real(value).abs().max().item())
+            assert max_diff(real(unpadded[key]), real(value)) <= TOL * scale, (type(model).__name__, key, scale)
 
 
 @pytest.mark.parametrize("cls, overrides", MINILM_HEADS, ids=[cls.__name__ for cls, _ in MINILM_HEADS])
@@ -320,7 +322,7 @@ def test_span_loss_is_the_same_on_both_paths_and_with_more_padding():
 
 def test_packed_attention_with_gradients_equals_the_inference_path():
     """Training takes the groups with split/cat (no per-group full-size gradients); the context is the
-    same as the in-place path's, filler rows zero, and the gradient reaches every real row."""
+    inference path's, filler rows zero, and the gradient reaches every real row."""
     from bertforge.modeling.packing import Packing, packed_attention
     torch.manual_seed(0)
     mask = torch.zeros(6, 10, dtype=torch.long)
@@ -332,7 +334,9 @@ def test_packed_attention_with_gradients_equals_the_inference_path():
     with torch.no_grad():
         expected = packed_attention(qkv, packing, num_heads=2)
     context = packed_attention(qkv, packing, num_heads=2)
-    assert context.grad_fn is not None and torch.equal(context, expected)
+    # inference runs short groups as plain matmuls, training through torch's attention: the same sums
+    # up to float32 rounding
+    assert context.grad_fn is not None and max_diff(context, expected) <= 1e-6
     assert not context[packing.num_tokens:].any()
     context.pow(2).sum().backward()
     assert qkv.grad[:packing.num_tokens].abs().sum(1).gt(0).all() and not qkv.grad[packing.num_tokens:].any()
