@@ -155,17 +155,22 @@ def _group_attention(rows: torch.Tensor, count: int, length: int, num_heads: int
     return out.transpose(1, 2)
 
 
-# Up to this many tokens, float32 inference attention on CPU runs as two matmuls and a softmax.
+# Float32 inference attention on CPU runs as two matmuls and a softmax for groups up to this length
+# whose Q·Kᵀ work, N·L²·D multiply-adds per head, is at most MATH_ATTENTION_MAX_WORK.
 MATH_ATTENTION_MAX_LENGTH = 128
+MATH_ATTENTION_MAX_WORK = 1 << 22
 
 
 def _short_float32_inference(query: torch.Tensor, length: int, dropout_p: float, is_causal: bool) -> bool:
-    """Whether a group's attention runs as softmax(Q Kᵀ / √D) V in plain matmuls rather than torch's
-    fused CPU kernel: float32 on CPU, no autograd, no dropout or causal mask, `length` up to
-    MATH_ATTENTION_MAX_LENGTH. Why: the fused kernel works in blocks sized for long sequences; at
-    sentence lengths and BERT's head sizes (32, 64) the batched matmuls are faster, and the (N, A, L, L)
-    scores are small (BENCHMARKS.md, "Inference against the peer at its best settings")."""
-    return (length <= MATH_ATTENTION_MAX_LENGTH and query.dtype == torch.float32 and query.device.type == "cpu"
+    """Whether a group's attention (query (N, A, L, D)) runs as softmax(Q Kᵀ / √D) V in plain matmuls
+    rather than torch's fused CPU kernel: float32 on CPU, no autograd, no dropout or causal mask, L up to
+    MATH_ATTENTION_MAX_LENGTH and N·L²·D up to MATH_ATTENTION_MAX_WORK. Why: the fused kernel works in
+    blocks sized for long sequences and pays a fixed cost per call; for the few sentences of one length
+    that a packed batch's group holds, the matmuls are faster, and for many it is (BENCHMARKS.md, "CPU
+    kernels for float32 inference")."""
+    count, head_size = query.shape[0], query.shape[-1]
+    return (length <= MATH_ATTENTION_MAX_LENGTH and count * length * length * head_size <= MATH_ATTENTION_MAX_WORK
+            and query.dtype == torch.float32 and query.device.type == "cpu"
             and not dropout_p and not is_causal and not torch.is_grad_enabled())
 
 
