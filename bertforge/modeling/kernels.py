@@ -31,8 +31,7 @@ def onednn_linear_op():
 
     Why: for BERT's shapes on a CPU it is faster than the BLAS (MKL) call behind `F.linear`, most of all
     on CPUs MKL does not tune for, and it applies GELU to each tile while it is in cache instead of in
-    a second pass over the (T, 4H) expansion (BENCHMARKS.md, "Inference against the peer at its best
-    settings"). It sums in another order, so hidden states differ from the BLAS results in the last
+    a second pass over the (T, 4H) expansion (BENCHMARKS.md, "CPU kernels for float32 inference"). It sums in another order, so hidden states differ from the BLAS results in the last
     bits (within the 1e-5 budget against the peer that the parity tests hold). The environment
     variable BERTFORGE_ONEDNN_LINEAR=0 (read on first use) keeps inference on `F.linear`.
     """
