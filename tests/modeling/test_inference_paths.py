@@ -138,7 +138,7 @@ def assert_heads_agree(model, inputs: dict, mask: torch.Tensor, check_attribute:
         for key, value in padded.items():
             token_level = value.dim() >= 2 and value.shape[:2] == mask.shape
             real = (lambda x: x[mask]) if token_level else (lambda x: x)
-            # relative to the logits' size: float32 rounding scales with it (the MLM head's reach ~10)
+            # relative to the logits' size: float32 rounding scales with it (the MLM head's are large)
             scale = max(1.0, real(value).abs().max().item())
             assert max_diff(real(unpadded[key]), real(value)) <= TOL * scale, (type(model).__name__, key, scale)
 
