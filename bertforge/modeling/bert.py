@@ -212,13 +212,12 @@ class FeedForwardExpansion(nn.Module):
         self.dense = Linear(config.hidden_size, config.intermediate_size)
         self.activation = activation(config.hidden_act)
         self.activation_ = inplace_activation(config.hidden_act)
-        self.fused_activation = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
-                                 "relu": "relu"}.get(config.hidden_act)
+        self.hidden_act = config.hidden_act
 
     def forward(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
-        if self.fused_activation is not None and isinstance(self.dense, nn.Linear) and may_overwrite_output(self.dense):
+        if isinstance(self.dense, nn.Linear) and may_overwrite_output(self.dense):
             # float32 inference on CPU: the activation fused into the matmul (None elsewhere)
-            fused = fused_linear_activation(hidden_states, self.dense.weight, self.dense.bias, self.fused_activation)
+            fused = fused_linear_activation(hidden_states, self.dense.weight, self.dense.bias, self.hidden_act)
             if fused is not None:
                 return fused
         if workspace is not None and self.activation_ is not None:

@@ -66,6 +66,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if not _fast(query, dropout_p, True):
         return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                                               is_causal=is_causal)
+    return matmul_attention(query, key, value, attn_mask, dropout_p, is_causal)
+
+
+def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                     is_causal: bool = False) -> torch.Tensor:
+    """softmax(Q Kᵀ / √D) V as two matmuls (shapes and mask as `scaled_dot_product_attention`), with
+    `dropout`'s mask on the probabilities when dropout_p > 0."""
     scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)  # (..., L, K)
     if is_causal:
         length, keys = scores.shape[-2:]
@@ -73,4 +81,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         scores = scores.masked_fill(future, float("-inf"))
     if attn_mask is not None:
         scores = scores.masked_fill(~attn_mask, float("-inf"))
-    return dropout(scores.softmax(dim=-1), dropout_p) @ value
+    probabilities = scores.softmax(dim=-1)
+    if dropout_p:
+        probabilities = dropout(probabilities, dropout_p)
+    return torch.matmul(probabilities, value)

@@ -20,8 +20,9 @@ __all__ = ["Linear", "Workspace", "fused_linear_activation", "inplace_activation
 
 _ONEDNN_LINEAR: list = []  # [op or None], decided on first use
 ONEDNN_SWITCH = "BERTFORGE_ONEDNN_LINEAR"  # "0": inference matmuls through F.linear (the BLAS) instead
-# oneDNN's post-op name for each activation it can fuse into a linear layer: (attr, algorithm)
-_FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_tanh": ("gelu", "tanh"), "relu": ("relu", "")}
+# oneDNN's post-op (attr, algorithm) for each `hidden_act` it can fuse into a linear layer
+_FUSED_ACTIVATIONS = {"gelu": ("gelu", "none"), "gelu_new": ("gelu", "tanh"), "gelu_pytorch_tanh": ("gelu", "tanh"),
+                      "relu": ("relu", "")}
 _PROBE_TOLERANCE = dict(rtol=1e-4, atol=1e-5)
 
 
@@ -86,7 +87,7 @@ def fused_linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
                             name: str) -> torch.Tensor | None:
     """activation(linear(x, weight, bias)) in one oneDNN call, the activation applied to each output
     tile as it is computed, or None where that does not apply (training, another dtype or device,
-    oneDNN off, an activation it has no post-op for). name: "gelu" (erf), "gelu_tanh" or "relu".
+    oneDNN off, an activation it has no post-op for). name: a config's `hidden_act` ("gelu" is erf's).
     x (..., in) -> (..., out)."""
     fused = _FUSED_ACTIVATIONS.get(name)
     if fused is None or not _onednn_eligible(x, weight, bias):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .dropout import scaled_dot_product_attention
+from .dropout import matmul_attention, scaled_dot_product_attention
 from .kernels import Workspace
 
 __all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "packed_attention"]
@@ -149,9 +149,9 @@ def _group_attention(rows: torch.Tensor, count: int, length: int, num_heads: int
     hidden = rows.shape[1] // 3
     query, key, value = rows.view(count, length, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
     if _short_float32_inference(query, length, dropout_p, is_causal):
-        scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)  # (N, A, L, L)
-        return torch.matmul(scores.softmax(dim=-1), value).transpose(1, 2)
-    out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal)
+        out = matmul_attention(query, key, value)
+    else:
+        out = scaled_dot_product_attention(query, key, value, dropout_p=dropout_p, is_causal=is_causal)
     return out.transpose(1, 2)
 
 
