@@ -1,10 +1,13 @@
-"""Which CPU kernel runs BERT's float32 inference fastest: the evidence behind two defaults.
+"""Which CPU kernel runs BERT's inference fastest: the evidence behind the kernel defaults.
 
 1. **Linear layers**: `F.linear` (torch's BLAS call, MKL in the PyPI wheel) against oneDNN's
    `torch.ops.mkldnn._linear_pointwise` (`bertforge.modeling.kernels.onednn_linear_op`), on each of the
    encoder's four products (QKV H→3H, attention output H→H, expansion H→4H, output 4H→H) at a few
    packed token counts T, plus the expansion with GELU applied after the BLAS call against oneDNN
-   with GELU fused (`fused_linear_activation`).
+   with GELU fused (`fused_linear_activation`); then oneDNN given the weight packed once in its blocked
+   layout (`kernels.PackedWeight`) against the plain weight, in float32 and, where oneDNN has bfloat16
+   kernels for the CPU, in bfloat16 (there against `F.linear` in bfloat16, and the expansion with
+   GELU fused against `F.linear` then GELU).
 2. **Attention** of N examples of L tokens (A heads of size D): torch's fused CPU kernel
    (`F.scaled_dot_product_attention`) against softmax(Q Kᵀ / √D) V as two batched matmuls, for L up to
    `--max-length`: where the matmuls win, `packing.MATH_ATTENTION_MAX_LENGTH` sends inference there.
@@ -47,7 +50,26 @@ def seconds_per_call(function, calls: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def linear_rows(hidden: int, tokens: list[int], calls: int, repeats: int) -> list[dict]:
+def bf16_timings(op, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, gelu: bool, calls: int,
+                 repeats: int) -> dict:
+    """One linear layer in bfloat16: `F.linear` against oneDNN with the plain and the packed weight
+    (and for the expansion, `F.linear` then GELU against GELU fused into the packed call)."""
+    x, weight, bias = x.bfloat16(), weight.bfloat16(), bias.bfloat16()
+    packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+    plain = seconds_per_call(lambda: F.linear(x, weight, bias), calls, repeats)
+    onednn = seconds_per_call(lambda: op(x, weight, bias, "none", [None], ""), calls, repeats)
+    packed = seconds_per_call(lambda: op(x, packed_weight, bias, "none", [None], ""), calls, repeats)
+    row = {"bf16_linear_ms": round(plain * 1e3, 4), "bf16_onednn_ms": round(onednn * 1e3, 4),
+           "bf16_onednn_packed_ms": round(packed * 1e3, 4), "bf16_packed_speedup": round(plain / packed, 3)}
+    if gelu:
+        unfused = seconds_per_call(lambda: F.gelu(F.linear(x, weight, bias)), calls, repeats)
+        fused = seconds_per_call(lambda: op(x, packed_weight, bias, "gelu", [None], "none"), calls, repeats)
+        row.update({"bf16_linear_then_gelu_ms": round(unfused * 1e3, 4),
+                    "bf16_packed_gelu_fused_ms": round(fused * 1e3, 4), "bf16_fused_speedup": round(unfused / fused, 3)})
+    return row
+
+
+def linear_rows(hidden: int, tokens: list[int], calls: int, repeats: int, bf16: bool) -> list[dict]:
     op = torch.ops.mkldnn._linear_pointwise
     generator = torch.Generator().manual_seed(0)
     rows = []
@@ -69,7 +91,13 @@ def linear_rows(hidden: int, tokens: list[int], calls: int, repeats: int) -> lis
                 fused = seconds_per_call(lambda: op(x, weight, bias, "gelu", [None], "none"), calls, repeats)
                 row.update({"blas_then_gelu_ms": round(unfused * 1e3, 4), "onednn_gelu_fused_ms": round(fused * 1e3, 4),
                             "fused_speedup": round(unfused / fused, 3)})
-            log(f"  H={hidden} {name} T={count}: BLAS {blas * 1e3:.2f} ms, oneDNN {onednn * 1e3:.2f} ms")
+            packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight)
+            packed = seconds_per_call(lambda: op(x, packed_weight, bias, "none", [None], ""), calls, repeats)
+            row.update({"onednn_packed_ms": round(packed * 1e3, 4), "packed_speedup": round(onednn / packed, 3)})
+            if bf16:
+                row.update(bf16_timings(op, x, weight, bias, name == "expansion", calls, repeats))
+            log(f"  H={hidden} {name} T={count}: BLAS {blas * 1e3:.2f} ms, oneDNN {onednn * 1e3:.2f} ms, "
+                f"packed {packed * 1e3:.2f} ms")
             rows.append(row)
     return rows
 
@@ -125,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.backends.mkldnn.is_available():
         parser.error("this torch has no oneDNN (torch.backends.mkldnn)")
     torch.set_num_threads(args.threads)
+    bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
     load_before = load_average()
     results = {}
@@ -132,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
         for name in models:
             hidden, heads = SIZES[name]
             log(f"{name}: linear layers ...")
-            results[name] = {"linear": linear_rows(hidden, tokens, args.calls, args.repeats)}
+            results[name] = {"linear": linear_rows(hidden, tokens, args.calls, args.repeats, bf16)}
             log(f"{name}: attention ...")
             results[name]["attention"] = attention_rows(hidden, heads, lengths, attention_tokens,
                                                         args.calls, args.repeats)
     print(json.dumps({
-        "benchmark": "cpu_kernels", "models": models, "threads": torch.get_num_threads(),
+        "benchmark": "cpu_kernels", "models": models, "threads": torch.get_num_threads(), "bf16": bf16,
         "calls": args.calls, "repeats": args.repeats, "torch_version": torch.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "results": results,
         "load_average_before": load_before, "load_average_after": os.getloadavg()[0],

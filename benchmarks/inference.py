@@ -25,8 +25,9 @@ eval mode, `torch.inference_mode()`, `--threads` threads:
 
 A first pass over every batch (also the warm-up) records the largest absolute difference of each
 variant from the peer: last_hidden_state at real positions, and the pooled vector. Then each of
-`--repeats` repeats runs every batch through every variant, interleaved batch by batch with the
-starting variant rotating, so that drift of a shared machine hits all alike. Reported per (model,
+`--repeats` repeats runs every variant over all the batches in turn (a whole pass each; with
+`--interleave batch`, every variant on each batch before the next), the starting variant rotating, so
+that drift of a shared machine hits all alike. Reported per (model,
 dataset): the median sequences per second of each variant over the repeats, the best repeat, and
 the ratios ours/peer, bf16/ours, int8/ours and ours/onnx (of the medians, and the median of the
 per-repeat ratios).
@@ -268,17 +269,31 @@ def max_diffs(variants: dict, batches: list[dict]) -> dict[str, dict[str, float]
     return diffs if "peer" in variants else {}
 
 
-def time_repeat(variants: dict, batches: list[dict]) -> dict[str, float]:
-    """Seconds per variant for one pass over `batches`, interleaved batch by batch, the first variant
-    rotating, so that a burst of other load slows every variant about equally."""
+def time_repeat(variants: dict, batches: list[dict], repeat: int = 0, interleave: str = "pass") -> dict[str, float]:
+    """Seconds per variant for one pass over `batches`. interleave "pass": each variant runs the whole
+    pass in turn, the first variant rotating with `repeat`; "batch": every variant runs each batch before
+    the next batch, the first variant rotating batch by batch. Either way drift of a shared machine hits
+    all variants alike.
+
+    Why pass by pass is the default: onnxruntime's worker threads spin for a while after each call (as
+    torch's OpenMP threads do), so that a variant run right after another library's call loses part of
+    a core, an artefact of sharing one process that no deployment has (BENCHMARKS.md, "Inference
+    against the peer at its best settings", measures it with "batch")."""
     names = list(variants)
+
+    def rotated(shift: int) -> list[str]:
+        return names[shift % len(names):] + names[:shift % len(names)]
+
+    if interleave == "pass":
+        turns = [(name, batches) for name in rotated(repeat)]
+    else:
+        turns = [(name, [batch]) for index, batch in enumerate(batches) for name in rotated(index)]
     elapsed = dict.fromkeys(names, 0.0)
-    for index, batch in enumerate(batches):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+    for name, chunk in turns:
+        start = time.perf_counter()
+        for batch in chunk:
             variants[name](batch)
-            elapsed[name] += time.perf_counter() - start
+        elapsed[name] += time.perf_counter() - start
     return elapsed
 
 
@@ -290,7 +305,8 @@ def ratio(rates: dict, a: str, b: str) -> dict | None:
     return {"of_medians": round(medians, 3), "median_of_repeats": round(per_repeat, 3)}
 
 
-def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats: int) -> dict:
+def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats: int,
+          interleave: str = "pass") -> dict:
     sequences = sum(len(b["input_ids"]) for b in batches)
     real_tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     padded_tokens = sum(b["input_ids"].numel() for b in batches)
@@ -298,7 +314,7 @@ def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats:
         diffs = max_diffs(variants, batches)
         rates = {variant: [] for variant in variants}
         for repeat in range(repeats):
-            elapsed = time_repeat(variants, batches)
+            elapsed = time_repeat(variants, batches, repeat, interleave)
             for variant, seconds in elapsed.items():
                 rates[variant].append(sequences / seconds)
             log(f"  {name} {dataset} repeat {repeat + 1}/{repeats}: "
@@ -311,6 +327,7 @@ def bench(name: str, dataset: str, variants: dict, batches: list[dict], repeats:
         "real_tokens": real_tokens,
         "padded_tokens": padded_tokens,
         "repeats": repeats,
+        "interleave": interleave,
         "seq_per_s": {v: round(statistics.median(r), 2) for v, r in rates.items()},
         # The best repeat is the least disturbed by other load on a shared machine.
         "seq_per_s_best": {v: round(max(r), 2) for v, r in rates.items()},
@@ -343,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                         help=f"comma-separated, from {', '.join(VARIANTS)}")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes over the data per variant (≥ 1)")
+    parser.add_argument("--interleave", choices=("pass", "batch"), default="pass",
+                        help="variants take turns per pass over the data (default) or per batch")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128)
@@ -386,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             for dataset in datasets:
                 texts, pairs = load_texts(args.glue, dataset)
                 batches = make_batches(tokenizer, texts, pairs, args.batch_size, args.max_length, args.limit)
-                results.append(bench(name, dataset, variants, batches, args.repeats))
+                results.append(bench(name, dataset, variants, batches, args.repeats, args.interleave))
                 cell = results[-1]
                 log(f"{name} {dataset}: " + ", ".join(f"{v} {r}/s" for v, r in cell["seq_per_s"].items()))
             del variants

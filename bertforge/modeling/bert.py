@@ -28,9 +28,9 @@ from torch import nn
 
 from .config import BertConfig
 from .dropout import Dropout, dropout, scaled_dot_product_attention
-from .kernels import (_ONEDNN_LINEAR, Linear, Workspace, _autocasting, inplace_activation,  # noqa: F401
-                      fused_linear_activation, linear, may_overwrite_output, onednn_linear_op, project, share_storage,
-                      stacked_parameter)
+from .kernels import (_ONEDNN_LINEAR, Linear, PackedWeight, Workspace, _autocasting,  # noqa: F401
+                      fused_linear_activation, inplace_activation, linear, may_overwrite_output, onednn_linear_op,
+                      project, share_storage, stacked_parameter)
 from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size, packed_attention  # noqa: F401 (re-exported)
 from .pretrained import PreTrainedBert
 
@@ -110,6 +110,9 @@ class MultiHeadSelfAttention(nn.Module):
         # query/key/value when set: int8 quantization (`optimize_for_inference`) quantizes the
         # fused (3H, H) weight as one matrix. None: the three Linears, fused through `_fused`.
         self.qkv: nn.Module | None = None
+        # oneDNN's packed copy of the stacked (3H, H) weight for CPU inference (`kernels.PackedWeight`),
+        # set by `optimize_for_inference`.
+        self.packed_qkv: PackedWeight | None = None
         self._share_qkv_storage()
 
     def _share_qkv_storage(self) -> None:
@@ -127,7 +130,7 @@ class MultiHeadSelfAttention(nn.Module):
             return self.qkv(hidden_states)
         # One (H, 3H) matmul instead of three (H, H) ones: fewer, larger GEMMs are faster on every
         # backend, and the parameters keep their separate checkpoint names.
-        return project(hidden_states, self._fused("weight"), self._fused("bias"), workspace, "qkv")
+        return project(hidden_states, self._fused("weight"), self._fused("bias"), workspace, "qkv", self.packed_qkv)
 
     def forward(
         self, hidden_states: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool = False,
@@ -182,7 +185,8 @@ class ResidualLayerNorm(nn.Module):
     def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor,
                 workspace: Workspace | None = None) -> torch.Tensor:
         if workspace is not None:
-            hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "hidden")
+            hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "hidden",
+                                    getattr(self.dense, "packed_weight", None))
             return self.LayerNorm(self.dropout(hidden_states).add_(residual))
         hidden_states = self.dropout(self.dense(hidden_states))
         if may_overwrite_output(self.dense, self.dropout) and hidden_states.dtype == residual.dtype:
@@ -216,12 +220,14 @@ class FeedForwardExpansion(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, workspace: Workspace | None = None) -> torch.Tensor:
         if isinstance(self.dense, nn.Linear) and may_overwrite_output(self.dense):
-            # float32 inference on CPU: the activation fused into the matmul (None elsewhere)
-            fused = fused_linear_activation(hidden_states, self.dense.weight, self.dense.bias, self.hidden_act)
+            # float32/bfloat16 inference on CPU: the activation fused into the matmul (None elsewhere)
+            fused = fused_linear_activation(hidden_states, self.dense.weight, self.dense.bias, self.hidden_act,
+                                            getattr(self.dense, "packed_weight", None))
             if fused is not None:
                 return fused
         if workspace is not None and self.activation_ is not None:
-            hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "intermediate")
+            hidden_states = project(hidden_states, self.dense.weight, self.dense.bias, workspace, "intermediate",
+                                    getattr(self.dense, "packed_weight", None))
             return self.activation_(hidden_states)
         hidden_states = self.dense(hidden_states)
         if self.activation_ is not None and may_overwrite_output(self.dense):

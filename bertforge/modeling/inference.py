@@ -57,6 +57,7 @@ import torch
 from torch import nn
 
 from .bert import BertModel, FeedForwardExpansion, MultiHeadSelfAttention, ResidualLayerNorm
+from .kernels import Linear, PackedWeight, _onednn_bf16, onednn_linear_op
 from .packing import DEFAULT_ROW_BUCKET  # noqa: F401 (re-exported: tests and serving import it from here)
 
 DTYPES = {
@@ -358,9 +359,25 @@ def optimize_for_inference(model: nn.Module, dtype: str = "fp32", unpad: bool = 
         _cast(model, target)
     if row_bucket is None:
         row_bucket = default_row_bucket(model)
+    pack = (device.type == "cpu" and not compile and onednn_linear_op() is not None
+            and (target == torch.float32 or (target == torch.bfloat16 and _onednn_bf16())))
     for encoder in encoders:
         encoder.unpad = unpad
         encoder.unpad_row_bucket = row_bucket
+        _prepack_weights(encoder, pack)
         if compile:
             _compile_layers(encoder)
     return model
+
+
+def _prepack_weights(encoder: BertModel, pack: bool) -> None:
+    """Give each dense layer of `encoder` (the stacked QKV projection, the attention output, the
+    expansion and the output) oneDNN's packed copy of its weight (`kernels.PackedWeight`), or with
+    `pack` False take any away. Packed where float32/bfloat16 inference runs its matmuls in oneDNN on
+    CPU; not with compile (its graphs call the plain kernels) or int8 (other kernels)."""
+    for module in encoder.modules():
+        if isinstance(module, MultiHeadSelfAttention):
+            module.packed_qkv = (PackedWeight(module.query.weight, module.key.weight, module.value.weight)
+                                 if pack and module.qkv is None else None)
+        elif isinstance(module, Linear):
+            module.packed_weight = PackedWeight(module.weight) if pack else None

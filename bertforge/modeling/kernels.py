@@ -1,5 +1,6 @@
 """The CPU inference kernels of the encoder's dense layers: reused scratch buffers, in-place updates
-where no autograd graph or hook can see them, and oneDNN's linear kernel with the activation fused.
+where no autograd graph or hook can see them, and oneDNN's linear kernel with the activation fused and
+the weights packed once in its layout.
 
 None of this changes what the layers compute (the paper's layers in bert.py read as if these were
 `F.linear` and fresh tensors); it changes where results are written and which kernel runs, so that an
@@ -8,6 +9,7 @@ inference forward pass on CPU allocates little and touches fresh pages rarely.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -15,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "Workspace", "fused_linear_activation", "inplace_activation", "linear", "may_overwrite_output",
-           "onednn_linear_op", "project", "share_storage", "stacked_parameter"]
+__all__ = ["Linear", "PackedWeight", "Workspace", "fused_linear_activation", "inplace_activation", "linear",
+           "may_overwrite_output", "onednn_linear_op", "project", "share_storage", "stacked_parameter"]
 
 _ONEDNN_LINEAR: list = []  # [op or None], decided on first use
 ONEDNN_SWITCH = "BERTFORGE_ONEDNN_LINEAR"  # "0": inference matmuls through F.linear (the BLAS) instead
@@ -32,9 +34,11 @@ def onednn_linear_op():
 
     Why: for BERT's shapes on a CPU it is faster than the BLAS (MKL) call behind `F.linear`, most of all
     on CPUs MKL does not tune for, and it applies GELU to each tile while it is in cache instead of in
-    a second pass over the (T, 4H) expansion (BENCHMARKS.md, "CPU kernels for float32 inference"). It sums in another order, so hidden states differ from the BLAS results in the last
-    bits (within the 1e-5 budget against the peer that the parity tests hold). The environment
-    variable BERTFORGE_ONEDNN_LINEAR=0 (read on first use) keeps inference on `F.linear`.
+    a second pass over the (T, 4H) expansion (BENCHMARKS.md, "CPU kernels for inference"). It sums in
+    another order, so float32 hidden states differ from the BLAS results in the last bits (within the
+    1e-5 budget against the peer that the parity tests hold). bfloat16 inference takes it too where
+    oneDNN has bfloat16 kernels (`_onednn_bf16`). The environment variable BERTFORGE_ONEDNN_LINEAR=0
+    (read on first use) keeps inference on `F.linear`.
     """
     if not _ONEDNN_LINEAR:
         op = None
@@ -64,45 +68,105 @@ def onednn_linear_op():
 
 
 def _onednn_eligible(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Inference (no autograd, no autocast) on CPU float32 contiguous tensors, oneDNN on."""
+    """Inference (no autograd, no autocast) on CPU float32 or bfloat16 contiguous tensors of one dtype,
+    oneDNN on (bfloat16 only where oneDNN has bfloat16 kernels for this CPU)."""
     return (
         not torch.is_grad_enabled() and not _autocasting()
-        and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
+        and x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in _ONEDNN_DTYPES
         and x.layout == torch.strided and x.is_contiguous() and weight.is_contiguous()
-        and (bias is None or (bias.dtype == torch.float32 and bias.is_contiguous()))
+        and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous()))
         and torch.backends.mkldnn.enabled
+        and (x.dtype == torch.float32 or _onednn_bf16())
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`; through oneDNN (`onednn_linear_op`) in float32 inference on CPU."""
+_ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """Whether oneDNN has bfloat16 kernels for this CPU and its linear kernel agrees in bfloat16 with
+    `F.linear` in float32 on a probe (within bfloat16's rounding). Whether oneDNN runs at all is
+    `onednn_linear_op`'s to say."""
+    try:
+        if not torch.backends.mkldnn.is_available() or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return False
+        op = torch.ops.mkldnn._linear_pointwise
+        generator = torch.Generator().manual_seed(0)
+        x, weight, bias = (torch.randn(*shape, generator=generator) for shape in ((5, 16), (8, 16), (8,)))
+        with torch.no_grad():
+            got = op(x.bfloat16(), weight.bfloat16(), bias.bfloat16(), "none", [None], "").float()
+            return bool(torch.allclose(got, F.linear(x, weight, bias), rtol=0.05, atol=0.1))
+    except Exception:  # the private ops changed: stay on F.linear
+        return False
+
+
+class PackedWeight:
+    """A linear layer's (out, in) weight in oneDNN's blocked layout, for CPU inference
+    (`optimize_for_inference` sets one on each dense layer of the encoder).
+
+    Why: oneDNN's kernels read a weight in a blocked layout; given a plain one they work from it on
+    every call, slower than from a copy packed once (BENCHMARKS.md, "CPU kernels for inference"). It is
+    made from the weight at first use and again whenever a parameter it comes from has moved or been
+    changed in place (loading a state_dict, `.to()`), so it never serves stale weights. The cost is a
+    second copy of the dense layers' weights in memory. `params`: the parameters the weight is read from
+    (the query, key and value weights for the stacked QKV projection).
+    """
+
+    def __init__(self, *params: torch.Tensor) -> None:
+        self.params = params
+        self._cached: tuple | None = None  # (key, packed tensor), replaced as one
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        """The packed form of `weight` (out, in), the current value of `params` (stacked); `weight` itself
+        when a parameter is an inference tensor (made under `torch.inference_mode()`), whose in-place
+        changes no version counter records."""
+        if any(p.is_inference() for p in self.params):
+            return weight
+        key = (weight.dtype, tuple(weight.shape), tuple((p.data_ptr(), p._version) for p in self.params))
+        cached = self._cached
+        if cached is None or cached[0] != key:
+            cached = self._cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight))
+        return cached[1]
+
+    def __getstate__(self) -> dict:  # oneDNN's opaque tensors cannot be copied or pickled: made again on use
+        return {"params": self.params, "_cached": None}
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           packed: PackedWeight | None = None) -> torch.Tensor:
+    """`F.linear`; through oneDNN (`onednn_linear_op`) in float32 or bfloat16 inference on CPU, with
+    `packed`'s copy of `weight` when given."""
     if _onednn_eligible(x, weight, bias):
         op = onednn_linear_op()
         if op is not None:
-            return op(x, weight, bias, "none", [None], "")
+            return op(x, weight if packed is None else packed.of(weight), bias, "none", [None], "")
     return F.linear(x, weight, bias)
 
 
 def fused_linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                            name: str) -> torch.Tensor | None:
+                            name: str, packed: PackedWeight | None = None) -> torch.Tensor | None:
     """activation(linear(x, weight, bias)) in one oneDNN call, the activation applied to each output
     tile as it is computed, or None where that does not apply (training, another dtype or device,
     oneDNN off, an activation it has no post-op for). name: a config's `hidden_act` ("gelu" is erf's).
-    x (..., in) -> (..., out)."""
+    x (..., in) -> (..., out). In bfloat16 the activation reads the float32 sums, rounded once after it."""
     fused = _FUSED_ACTIVATIONS.get(name)
     if fused is None or not _onednn_eligible(x, weight, bias):
         return None
     op = onednn_linear_op()
     if op is None:
         return None
-    return op(x, weight, bias, fused[0], [None], fused[1])
+    return op(x, weight if packed is None else packed.of(weight), bias, fused[0], [None], fused[1])
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose forward is `linear` (oneDNN in float32 inference on CPU)."""
+    """nn.Linear whose forward is `linear` (oneDNN in float32/bfloat16 inference on CPU), with the packed
+    weight `packed_weight` when one is set."""
+
+    packed_weight: PackedWeight | None = None
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return linear(input, self.weight, self.bias)
+        return linear(input, self.weight, self.bias, self.packed_weight)
 
 
 class Workspace:
@@ -126,7 +190,7 @@ class Workspace:
 
 
 def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-            workspace: Workspace | None = None, key: str = "") -> torch.Tensor:
+            workspace: Workspace | None = None, key: str = "", packed: PackedWeight | None = None) -> torch.Tensor:
     """`linear(x, weight, bias)`, written into `workspace`'s buffer `key` when there is one.
 
     The same BLAS call as `F.linear` (addmm on the flattened input), so the same bits.
@@ -135,7 +199,7 @@ def project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         workspace is None or bias is None or x.dim() < 2 or not x.is_contiguous()
         or not (x.dtype == weight.dtype == bias.dtype) or onednn_linear_op() is not None
     ):
-        return linear(x, weight, bias)
+        return linear(x, weight, bias, packed)
     out = workspace.get(key, (*x.shape[:-1], weight.shape[0]), x)
     torch.addmm(bias, x.reshape(-1, x.shape[-1]), weight.t(), out=out.view(-1, weight.shape[0]))
     return out

@@ -10,6 +10,9 @@ checked to run through the same calls and to stay close, with the tolerances sta
 
 from __future__ import annotations
 
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,8 +29,9 @@ from bertforge.modeling import (
     Int8Linear,
     optimize_for_inference,
 )
+from bertforge.modeling import kernels
 from bertforge.modeling.bert import Packing
-from bertforge.modeling.inference import cpu_has_vnni, default_quantized_engine
+from bertforge.modeling.inference import _prepack_weights, cpu_has_vnni, default_quantized_engine
 
 TOL = 1e-5
 BATCH = 32
@@ -403,6 +407,72 @@ def test_bf16_runs_and_stays_close(minilm_dir, minilm, real_batches):
         cosine = F.cosine_similarity(sentence_vectors(out.last_hidden_state, mask),
                                      sentence_vectors(reference.last_hidden_state, mask))
         assert cosine.min() >= 0.999, cosine.min()
+
+
+# packed and plain weights run one kernel; the allowance is a last-bit difference should oneDNN pick
+# another kernel for the other layout (bf16: one unit in the last place at |h| < 16)
+PACKED_TOL = {"fp32": 1e-6, "bf16": 0.0625}
+
+
+def _packing_available(dtype: str) -> bool:
+    return kernels.onednn_linear_op() is not None and (dtype == "fp32" or kernels._onednn_bf16())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_packed_weights_compute_the_plain_weights_and_follow_reloads(minilm_dir, real_batches, dtype):
+    """On CPU, optimize_for_inference gives every dense layer of the encoder oneDNN's packed copy of its
+    weight: the same products as the plain weight (within PACKED_TOL: one kernel, one summation order),
+    made again when the weights change in place (a state_dict loaded later runs, not a stale copy),
+    dropped by copies and pickles, and never made from inference tensors (whose changes no version
+    counter sees) or for int8."""
+    if not _packing_available(dtype):
+        pytest.skip(f"oneDNN's {dtype} linear is not available here")
+    model = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype=dtype)
+    layer = model.encoder.layer[0]
+    packs = [layer.attention.self.packed_qkv] + [module.dense.packed_weight for module in
+                                                 (layer.attention.output, layer.intermediate, layer.output)]
+    assert all(isinstance(pack, kernels.PackedWeight) for pack in packs)
+    tol = PACKED_TOL[dtype]
+    with torch.inference_mode():
+        packed = [model(**batch).last_hidden_state for batch in real_batches[:2] + real_batches[-1:]]
+        assert all(pack._cached is not None for pack in packs)  # the packed copies ran
+        _prepack_weights(model, False)
+        plain = [model(**batch).last_hidden_state for batch in real_batches[:2] + real_batches[-1:]]
+        for a, b in zip(packed, plain):
+            assert max_diff(a, b) <= tol
+
+    # new weights loaded in place: the packed copies follow
+    state = {name: value * 0.5 if value.is_floating_point() else value
+             for name, value in BertModel.from_pretrained(minilm_dir).state_dict().items()}
+    expected_model = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype=dtype)
+    expected_model.load_state_dict(state)
+    _prepack_weights(expected_model, False)
+    _prepack_weights(model, True)
+    batch = real_batches[0]
+    with torch.inference_mode():
+        model(**batch)
+        model.load_state_dict(state)
+        assert max_diff(model(**batch).last_hidden_state, expected_model(**batch).last_hidden_state) <= tol
+
+    clone = copy.deepcopy(model)
+    restored = pickle.loads(pickle.dumps(model))
+    assert clone.encoder.layer[0].attention.self.packed_qkv._cached is None
+    with torch.inference_mode():
+        expected = model(**batch).last_hidden_state
+        for other in (clone, restored):
+            assert max_diff(other(**batch).last_hidden_state, expected) <= tol
+
+    reference = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype=dtype)
+    _prepack_weights(reference, False)
+    with torch.inference_mode():  # parameters made here are inference tensors: the plain weights serve
+        frozen = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype=dtype)
+        assert frozen.encoder.layer[0].attention.self.query.weight.is_inference()
+        assert max_diff(frozen(**batch).last_hidden_state, reference(**batch).last_hidden_state) <= tol
+        assert frozen.encoder.layer[0].attention.self.packed_qkv._cached is None
+
+    int8 = optimize_for_inference(BertModel.from_pretrained(minilm_dir), dtype="int8")
+    assert int8.encoder.layer[0].attention.self.packed_qkv is None
+    assert not any(getattr(m, "packed_weight", None) for m in int8.encoder.modules())
 
 
 ENGINES = [None] + [e for e in ("x86", "onednn") if e in torch.backends.quantized.supported_engines]
