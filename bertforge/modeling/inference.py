@@ -33,7 +33,8 @@ H hidden):
   weights per output channel, activations quantized per call from their range, int32 accumulation,
   float32 out. The task head's own small layer, the embeddings, LayerNorm and attention stay float32.
   `quantized_engine` picks whose int8 kernels run: by default oneDNN's on CPUs with AMX int8 units
-  (recent Xeons), where they are faster than FBGEMM's, torch's default ("x86"), used elsewhere.
+  (recent Xeons) and on AMD CPUs with AVX-512 VNNI, where they were measured faster than FBGEMM's,
+  torch's default ("x86"), used elsewhere (`default_quantized_engine`).
 - `compile=True`: `torch.compile` of the per-token parts of each layer (feed-forward and the two
   Add & Norm blocks, with dynamic shapes so that every T reuses one graph), fusing bias, GELU,
   residual add and LayerNorm. Off by default because it did not help where measured on a CPU
@@ -91,8 +92,8 @@ class Int8Linear(nn.Module):
         `engine`: torch's quantized engine whose kernel this layer uses ("x86", "fbgemm", "onednn";
         see `torch.backends.quantized.supported_engines`). The weights are packed for it here and
         the packed object keeps its kernel, whatever the global engine is later. None:
-        `default_quantized_engine()` (oneDNN on CPUs with AMX, else torch's current engine: "x86",
-        FBGEMM, by default).
+        `default_quantized_engine()` (oneDNN on CPUs with AMX and AMD CPUs with AVX-512 VNNI, else
+        torch's current engine: "x86", FBGEMM, by default).
         """
         super().__init__()
         weight = weight.detach().float().contiguous()
@@ -141,18 +142,33 @@ def using_quantized_engine(engine: str | None):
 
 def _cpu_flags() -> frozenset[str]:
     """The CPU's feature flags from /proc/cpuinfo (empty where that cannot be read)."""
-    global _FLAGS
-    if _FLAGS is None:
+    return _cpu_info()[1]
+
+
+def _cpu_vendor() -> str:
+    """The CPU's vendor_id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"; "" where unknown)."""
+    return _cpu_info()[0]
+
+
+def _cpu_info() -> tuple[str, frozenset[str]]:
+    global _INFO
+    if _INFO is None:
+        vendor, flags = "", frozenset()
         try:
             with open("/proc/cpuinfo", encoding="utf-8") as file:
-                _FLAGS = frozenset(next((line.split(":", 1)[1].split() for line in file
-                                         if line.startswith("flags")), []))
+                for line in file:
+                    if line.startswith("vendor_id") and not vendor:
+                        vendor = line.split(":", 1)[1].strip()
+                    elif line.startswith("flags"):
+                        flags = frozenset(line.split(":", 1)[1].split())
+                        break
         except OSError:
-            _FLAGS = frozenset()
-    return _FLAGS
+            pass
+        _INFO = (vendor, flags)
+    return _INFO
 
 
-_FLAGS: frozenset[str] | None = None
+_INFO: tuple[str, frozenset[str]] | None = None
 
 
 def cpu_has_vnni() -> bool:
@@ -162,10 +178,12 @@ def cpu_has_vnni() -> bool:
 
 
 def default_quantized_engine() -> str:
-    """The engine `Int8Linear` packs for when none is named: "onednn" on CPUs with AMX int8 units
-    (oneDNN drives them, faster there than FBGEMM; see BENCHMARKS.md, "Inference on real-length
-    batches"), else torch's current `torch.backends.quantized.engine`."""
-    if "amx_int8" in _cpu_flags() and "onednn" in torch.backends.quantized.supported_engines:
+    """The engine `Int8Linear` packs for when none is named: "onednn" where its int8 kernels were
+    measured faster than FBGEMM's, CPUs with AMX int8 units and AMD CPUs with AVX-512 VNNI (BENCHMARKS.md,
+    "Inference on real-length batches"), else torch's current `torch.backends.quantized.engine`."""
+    flags = _cpu_flags()
+    faster = "amx_int8" in flags or (_cpu_vendor() == "AuthenticAMD" and "avx512_vnni" in flags)
+    if faster and "onednn" in torch.backends.quantized.supported_engines:
         return "onednn"
     return torch.backends.quantized.engine
 

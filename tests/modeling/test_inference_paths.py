@@ -29,6 +29,7 @@ from bertforge.modeling import (
     Int8Linear,
     optimize_for_inference,
 )
+from bertforge.modeling import inference as inference_module
 from bertforge.modeling import kernels
 from bertforge.modeling.bert import Packing
 from bertforge.modeling.inference import _prepack_weights, cpu_has_vnni, default_quantized_engine
@@ -476,6 +477,18 @@ def test_packed_weights_compute_the_plain_weights_and_follow_reloads(minilm_dir,
 
 
 ENGINES = [None] + [e for e in ("x86", "onednn") if e in torch.backends.quantized.supported_engines]
+
+
+@pytest.mark.parametrize("vendor, flags, onednn", [
+    ("GenuineIntel", {"avx512_vnni", "amx_int8"}, True), ("AuthenticAMD", {"avx512_vnni"}, True),
+    ("GenuineIntel", {"avx512_vnni"}, False), ("AuthenticAMD", {"avx2"}, False), ("", set(), False)])
+def test_default_quantized_engine_is_onednn_where_measured_faster(monkeypatch, vendor, flags, onednn):
+    """oneDNN's int8 kernels by default on AMX CPUs and AMD CPUs with AVX-512 VNNI; torch's engine elsewhere."""
+    if "onednn" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch has no oneDNN quantized engine")
+    monkeypatch.setattr(inference_module, "_INFO", (vendor, frozenset(flags)))
+    expected = "onednn" if onednn else torch.backends.quantized.engine
+    assert default_quantized_engine() == expected
 
 
 @pytest.mark.parametrize("engine", ENGINES)
