@@ -179,8 +179,9 @@ def cpu_has_vnni() -> bool:
 
 def default_quantized_engine() -> str:
     """The engine `Int8Linear` packs for when none is named: "onednn" where its int8 kernels were
-    measured faster than FBGEMM's, CPUs with AMX int8 units and AMD CPUs with AVX-512 VNNI (BENCHMARKS.md,
-    "Inference on real-length batches"), else torch's current `torch.backends.quantized.engine`."""
+    measured faster than FBGEMM's on BERT's batches, CPUs with AMX int8 units (an Intel Xeon) and AMD
+    CPUs with AVX-512 VNNI (BENCHMARKS.md, "Inference against the peer at its best settings"), else
+    torch's current `torch.backends.quantized.engine`."""
     flags = _cpu_flags()
     faster = "amx_int8" in flags or (_cpu_vendor() == "AuthenticAMD" and "avx512_vnni" in flags)
     if faster and "onednn" in torch.backends.quantized.supported_engines:
