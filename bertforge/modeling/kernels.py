@@ -121,9 +121,10 @@ class PackedWeight:
         """The packed form of `weight` (out, in), the current value of `params` (stacked); `weight` itself
         when a parameter is an inference tensor (made under `torch.inference_mode()`), whose in-place
         changes no version counter records."""
-        if any(p.is_inference() for p in self.params):
+        try:
+            key = (weight.dtype, tuple(weight.shape), tuple((p.data_ptr(), p._version) for p in self.params))
+        except RuntimeError:  # an inference tensor has no version counter
             return weight
-        key = (weight.dtype, tuple(weight.shape), tuple((p.data_ptr(), p._version) for p in self.params))
         cached = self._cached
         if cached is None or cached[0] != key:
             cached = self._cached = (key, torch.ops.mkldnn._reorder_linear_weight(weight))

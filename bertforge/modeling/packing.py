@@ -167,7 +167,7 @@ def _short_float32_inference(query: torch.Tensor, length: int, dropout_p: float,
     MATH_ATTENTION_MAX_LENGTH and N·L²·D up to MATH_ATTENTION_MAX_WORK. Why: the fused kernel works in
     blocks sized for long sequences and pays a fixed cost per call; for the few sentences of one length
     that a packed batch's group holds, the matmuls are faster, and for many it is (BENCHMARKS.md, "CPU
-    kernels for float32 inference")."""
+    kernels for inference")."""
     count, head_size = query.shape[0], query.shape[-1]
     return (length <= MATH_ATTENTION_MAX_LENGTH and count * length * length * head_size <= MATH_ATTENTION_MAX_WORK
             and query.dtype == torch.float32 and query.device.type == "cpu"
