@@ -31,7 +31,8 @@ from .dropout import Dropout, dropout, scaled_dot_product_attention
 from .kernels import (_ONEDNN_LINEAR, Linear, PackedWeight, Workspace, _autocasting,  # noqa: F401
                       fused_linear_activation, inplace_activation, linear, may_overwrite_output, onednn_linear_op,
                       project, share_storage, stacked_parameter)
-from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size, packed_attention  # noqa: F401 (re-exported)
+from .packing import (DEFAULT_ROW_BUCKET, Packing, bucket_size, first_token_attention,  # noqa: F401 (re-exported)
+                      packed_attention)
 from .pretrained import PreTrainedBert
 
 
@@ -45,7 +46,7 @@ def activation(name: str):
 
 @dataclass
 class EncoderOutput:
-    last_hidden_state: torch.Tensor  # (B, S, H)
+    last_hidden_state: torch.Tensor  # (B, S, H); (B, 1, H), the [CLS] rows, when called with cls_only
     pooler_output: torch.Tensor | None = None  # (B, H): tanh(W · h_[CLS] + b)
     hidden_states: tuple[torch.Tensor, ...] | None = None  # embeddings, then each layer: (B, S, H)
     attentions: tuple[torch.Tensor, ...] | None = None  # each layer: (B, A, S, S)
@@ -166,6 +167,21 @@ class MultiHeadSelfAttention(nn.Module):
             context = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
         return context.transpose(1, 2).reshape(batch, seq_length, hidden), probs
 
+    def first_token_context(self, hidden_states: torch.Tensor, mask: torch.Tensor | None,
+                            packing: Packing | None = None) -> torch.Tensor:
+        """The context at each example's first token only, attending to all its keys: hidden_states
+        (B, S, H), mask (B or 1, 1, 1, S) or None -> (B, H); with `packing`, (T, H) -> (N, H) in packed
+        example order (`first_token_attention`)."""
+        dropout_p = self.dropout_p if self.training else 0.0
+        qkv = self.project_qkv(hidden_states)
+        if packing is not None:
+            return first_token_attention(qkv, packing, self.num_heads, dropout_p)
+        batch, seq_length, hidden = hidden_states.shape
+        query, key, value = qkv.view(batch, seq_length, 3, self.num_heads, hidden // self.num_heads).permute(
+            2, 0, 3, 1, 4).unbind(0)  # each (B, A, S, D)
+        context = scaled_dot_product_attention(query[:, :, :1], key, value, attn_mask=mask, dropout_p=dropout_p)
+        return context.transpose(1, 2).reshape(batch, hidden)
+
     def _forward_packed(self, hidden_states: torch.Tensor, packing: Packing,
                         workspace: Workspace | None) -> torch.Tensor:
         """(T, H) -> (T, H): attention within each example of the packed batch (`packed_attention`)."""
@@ -254,6 +270,17 @@ class TransformerLayer(nn.Module):
         attended, probs = self.attention(hidden_states, mask, output_attentions, workspace=workspace, **extra)
         expanded = self.intermediate(attended, workspace=workspace)
         return self.output(expanded, attended, workspace=workspace), probs
+
+    def forward_first(self, hidden_states: torch.Tensor, mask: torch.Tensor | None,
+                      packing: Packing | None = None) -> torch.Tensor:
+        """The layer's output at each example's first token ([CLS]) only, all that the pooler reads of the
+        last layer: hidden_states (B, S, H) -> (B, H); with `packing`, (T, H) -> (N, H) in packed example
+        order. Keys and values still come from every token; the query, output projection, feed-forward
+        and norms run on one row per example instead of all of them (`BertModel.forward`'s `cls_only`)."""
+        context = self.attention.self.first_token_context(hidden_states, mask, packing)
+        residual = hidden_states[:, 0] if packing is None else hidden_states[packing.first_rows()]
+        attended = self.attention.output(context, residual)
+        return self.output(self.intermediate(attended), attended)
 
 
 class Encoder(nn.Module):
@@ -350,6 +377,19 @@ class BertModel(PreTrainedBert):
         return all(type(module) in _WORKSPACE_MODULES and not module._forward_hooks
                    and not module._forward_pre_hooks for module in self.encoder.modules())
 
+    def _first_only_ok(self) -> bool:
+        """Whether the last layer may run at [CLS] only (`forward`'s cls_only): a non-causal encoder whose
+        last layer is this module's own TransformerLayer, without hooks that would miss the call."""
+        if self.config.is_causal or not len(self.encoder.layer):
+            return False
+        layer = self.encoder.layer[-1]
+        hooks = nn.modules.module
+        if hooks._global_forward_hooks or hooks._global_forward_pre_hooks:
+            return False
+        return (type(layer) is TransformerLayer and type(layer.attention) is Attention
+                and isinstance(layer.attention.self, MultiHeadSelfAttention)
+                and not any(module._forward_hooks or module._forward_pre_hooks for module in layer.modules()))
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -358,6 +398,7 @@ class BertModel(PreTrainedBert):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         unpad: bool | None = None,
+        cls_only: bool = False,
     ) -> EncoderOutput:
         """input_ids, token_type_ids, attention_mask (1 = real token, 0 = padding): (B, S).
 
@@ -369,6 +410,15 @@ class BertModel(PreTrainedBert):
         probabilities are asked for), except that in inference (no autograd) with row buckets
         (`unpad_row_bucket` > 0) a batch without padding is packed too, so that its shapes are
         bucketed like every other batch's.
+
+        `cls_only`: the caller reads only position 0 ([CLS]) of the last layer (the pooler, a sentence
+        classifier): the last layer then runs its query, output projection, feed-forward and norms on
+        that row alone (`TransformerLayer.forward_first`; keys and values still come from every token),
+        and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float rounding. For a
+        6-layer encoder that is about a seventh of the dense work. It is ignored (the full last layer runs)
+        with output_hidden_states or output_attentions, for a causal model, on the CPU inference fast
+        path (whose kernels are laid out per full batch), when the last layer is not this module's own
+        or has hooks, and on the unpadded path when some example's position 0 is padding.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
@@ -377,6 +427,7 @@ class BertModel(PreTrainedBert):
         if not isinstance(unpad, bool):
             raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
         fast = self._inference_fast_path(input_ids)
+        cls_only = cls_only and not (output_hidden_states or output_attentions or fast) and self._first_only_ok()
         # In inference with row buckets a batch without padding is packed too, so that its B·S rows
         # land on a bucket as well (the padded path would show the kernels a new (B, S) nearly every call).
         pack_always = bool(self.unpad_row_bucket) and not torch.is_grad_enabled()
@@ -388,7 +439,7 @@ class BertModel(PreTrainedBert):
                                  f"{tuple(input_ids.shape)}")
             if pack_always or not bool(attention_mask.bool().all()):
                 return self._forward_unpadded(input_ids, token_type_ids, attention_mask, output_hidden_states,
-                                              Workspace() if fast else None)
+                                              Workspace() if fast else None, cls_only)
         # Keys are cut only where no (B, A, S, S) probabilities are asked for (and, being on CPU,
         # finding the last real key costs no device sync).
         mask = attention_mask_for(attention_mask, input_ids.shape[1], self.config.is_causal, input_ids.device,
@@ -397,7 +448,11 @@ class BertModel(PreTrainedBert):
         all_hidden = [hidden] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         workspace = Workspace() if fast else None
-        for layer in self.encoder.layer:
+        last = len(self.encoder.layer) - 1
+        for index, layer in enumerate(self.encoder.layer):
+            if cls_only and index == last:
+                hidden = layer.forward_first(hidden, mask)[:, None]  # (B, 1, H)
+                break
             if workspace is None:
                 hidden, probs = layer(hidden, mask, output_attentions)
             else:
@@ -415,15 +470,22 @@ class BertModel(PreTrainedBert):
 
     def _forward_unpadded(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
                           attention_mask: torch.Tensor, output_hidden_states: bool,
-                          workspace: Workspace | None) -> EncoderOutput:
-        """The unpadded path: pack (B, S) -> (T,), run every layer on (T, H), scatter back to (B, S, H)."""
+                          workspace: Workspace | None, cls_only: bool = False) -> EncoderOutput:
+        """The unpadded path: pack (B, S) -> (T,), run every layer on (T, H), scatter back to (B, S, H);
+        with `cls_only` (and a real token at every example's position 0) the last layer -> (B, 1, H)."""
         self.embeddings.check_length(input_ids.shape[1])
         packing = Packing.from_mask(attention_mask, self.config.is_causal, self.unpad_row_bucket)
         hidden = self.embeddings(packing.pack(input_ids),
                                  None if token_type_ids is None else packing.pack(token_type_ids),
                                  position_ids=packing.positions)
         all_hidden = [packing.unpack(hidden)] if output_hidden_states else None
-        for layer in self.encoder.layer:
+        first_only = cls_only and bool(attention_mask[:, 0].all())
+        last = len(self.encoder.layer) - 1
+        for index, layer in enumerate(self.encoder.layer):
+            if first_only and index == last:
+                sequence = packing.batch_order(layer.forward_first(hidden, None, packing))[:, None]  # (B, 1, H)
+                return EncoderOutput(last_hidden_state=sequence,
+                                     pooler_output=self.pooler(sequence) if self.pooler is not None else None)
             hidden, _ = layer(hidden, None, False, workspace=workspace, packing=packing)
             if output_hidden_states:
                 all_hidden.append(packing.unpack(hidden))

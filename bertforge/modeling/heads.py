@@ -208,7 +208,7 @@ class BertForSequenceClassification(PreTrainedBert):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
                 output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
-                        unpad=unpad)
+                        unpad=unpad, cls_only=True)  # only the pooled [CLS] vector is read
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
         loss = None
         if labels is not None:
@@ -295,7 +295,7 @@ class BertForMultipleChoice(PreTrainedBert):
             return None if x is None else x.reshape(-1, x.shape[-1])
 
         out = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask),
-                        output_hidden_states, output_attentions, unpad=unpad)
+                        output_hidden_states, output_attentions, unpad=unpad, cls_only=True)
         logits = self.classifier(self.dropout(out.pooler_output)).view(-1, num_choices)
         loss = None if labels is None else F.cross_entropy(logits.float(), labels.reshape(-1))
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .dropout import matmul_attention, scaled_dot_product_attention
 from .kernels import Workspace
 
-__all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "packed_attention"]
+__all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "first_token_attention", "packed_attention"]
 
 # The smallest bucket step of the unpadded path's packed length (see `optimize_for_inference`).
 DEFAULT_ROW_BUCKET = 16
@@ -102,6 +102,21 @@ class Packing:
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, S, ...) -> (T + extra_rows, ...): the real tokens, then any filler rows."""
         return x.reshape(self.batch * self.seq_length, *x.shape[2:])[self.index]
+
+    def first_rows(self) -> torch.Tensor:
+        """(N,) int64: the packed row of each example's first real token, the examples in packed order
+        (by length); N = the examples with a real token."""
+        firsts = [start + i * length for start, count, length in self.groups for i in range(count)]
+        return torch.tensor(firsts, device=self.index.device)
+
+    def batch_order(self, packed: torch.Tensor) -> torch.Tensor:
+        """(N, ...) rows in packed example order (as `first_rows`) -> (B, ...) in batch order; every
+        example must have a real token at position 0 (`first_rows` is then each example's column 0)."""
+        examples = self.index[self.first_rows()] // self.seq_length  # (N,) the example of each packed row
+        if examples.shape[0] != self.batch:
+            raise ValueError(f"batch_order needs a real first token in each of the {self.batch} examples, "
+                             f"found {examples.shape[0]}")
+        return packed[torch.argsort(examples)]
 
     def unpack(self, x: torch.Tensor) -> torch.Tensor:
         """(T + extra_rows, H) -> (B, S, H), zeros at the padding positions (what the padded path
@@ -207,6 +222,24 @@ def _padded_slots(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
         device = packing.index.device
         packing.padded_slots = (slots.to(device), real[:, None, None, :].to(device))
     return packing.padded_slots
+
+
+def first_token_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float = 0.0) -> torch.Tensor:
+    """qkv (T, 3H) -> context (N, H) of each example's first token only (`Packing.first_rows`, packed
+    example order): keys and values of every real token, padded into one (N, A, L, D) batch as
+    `_padded_attention` does, and one query per example. What the pooler reads of the last layer
+    (`TransformerLayer.forward_first`). Not for causal attention."""
+    if packing.is_causal:
+        raise ValueError("first_token_attention: a causal model's first token sees only itself")
+    tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    head_dim = hidden // num_heads
+    slots, key_mask = _padded_slots(packing)
+    count, longest = key_mask.shape[0], key_mask.shape[-1]
+    padded = qkv.new_zeros(count * longest, 3 * hidden).index_copy(0, slots, qkv[:tokens - packing.extra_rows])
+    _, key, value = padded.view(count, longest, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    query = qkv[packing.first_rows(), :hidden].view(count, 1, num_heads, head_dim).transpose(1, 2)
+    out = scaled_dot_product_attention(query, key, value, attn_mask=key_mask, dropout_p=dropout_p)  # (N, A, 1, D)
+    return out.transpose(1, 2).reshape(count, hidden)
 
 
 def _padded_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:

@@ -299,6 +299,41 @@ def test_unpadded_causal_and_autograd_match_padded():
         assert max_diff(grads[1][name], grads[0][name]) <= TOL, name
 
 
+def test_cls_only_last_layer_matches_the_full_layer(minilm_dir, real_batches):
+    """`cls_only` (what the classification heads ask for) runs the last layer at [CLS] only: the pooled
+    vector, the [CLS] row and every parameter's gradient equal the full layer's, padded and unpadded,
+    on real batches; the full layer runs when more is asked for or position 0 is padding."""
+    model = BertModel.from_pretrained(minilm_dir).eval()  # no dropout; gradients on: not the inference path
+    hidden = model.config.hidden_size
+    for batch in (real_batches[0], real_batches[2]):  # SST-2 sentences, MRPC pairs
+        for unpad in (False, True):
+            runs = []
+            for cls_only in (False, True):
+                model.zero_grad()
+                out = model(**batch, unpad=unpad, cls_only=cls_only)
+                out.pooler_output.pow(2).sum().backward()
+                runs.append((out, {name: param.grad.clone() for name, param in model.named_parameters()}))
+            (full, full_grads), (first, first_grads) = runs
+            assert first.last_hidden_state.shape == (batch["input_ids"].shape[0], 1, hidden)
+            assert max_diff(first.last_hidden_state[:, 0], full.last_hidden_state[:, 0]) <= TOL
+            assert max_diff(first.pooler_output, full.pooler_output) <= TOL
+            for name, grad in full_grads.items():  # relative to the gradient's scale (up to ~2 here)
+                assert max_diff(first_grads[name], grad) <= TOL * max(1.0, grad.abs().max().item()), name
+    batch = real_batches[0]
+    shape = tuple(batch["input_ids"].shape)
+    assert model(**batch, cls_only=True, output_hidden_states=True).last_hidden_state.shape[:2] == shape
+    left = {key: value.flip(1) for key, value in batch.items()}  # padding first: position 0 is padding
+    assert model(**left, unpad=True, cls_only=True).last_hidden_state.shape[:2] == shape
+    seen = []
+    handle = model.encoder.layer[-1].register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        assert model(**batch, cls_only=True).last_hidden_state.shape[:2] == shape and seen
+    finally:
+        handle.remove()
+    with torch.inference_mode():  # the CPU inference path computes every row
+        assert model(**batch, cls_only=True).last_hidden_state.shape[:2] == shape
+
+
 def test_span_loss_is_the_same_on_both_paths_and_with_more_padding():
     """SQuAD's start/end softmax runs over a window's real tokens: the loss and its gradients are the
     same on the padded and unpadded paths and when the batch is padded further. (When padding was a
