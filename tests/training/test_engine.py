@@ -247,6 +247,31 @@ def test_gradient_accumulation_equals_the_full_batch(tmp_path):
     assert full.last_log["mlm_accuracy"] == pytest.approx(accumulated.last_log["mlm_accuracy"])
 
 
+def test_clipping_inside_the_fused_step_equals_clip_grad_norm(tmp_path):
+    """With PyTorch's fused AdamW (the default) the clipping factor is applied in the optimizer's own pass
+    over the gradients; the run equals clip_grad_norm_ followed by the unfused AdamW's step."""
+    data = SyntheticPretrainingData(32)
+    step = MaskedLMStep()
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    trainers = []
+    for name, fused in (("fused", True), ("reference", False)):
+        args = TrainingArguments(output_dir=tmp_path / name, batch_size=8, max_steps=4, lr=1e-3, warmup_steps=1,
+                                 log_every=1, progress=False, save_final=False, max_grad_norm=0.05)
+        trainers.append(Trainer(
+            build_model(config, seed=0, nsp=True), args, data, collate, step, count_fn=step.counts,
+            optimizer_fn=lambda model, fused=fused: torch.optim.AdamW(
+                parameter_groups(model, 0.01), lr=1e-3, betas=(0.9, 0.999), eps=1e-6, fused=fused, foreach=False)))
+    fused, reference = trainers
+    assert getattr(fused.optimizer, "_step_supports_amp_scaling", False)
+    for trainer in trainers:
+        trainer.train()
+    assert fused.last_log["grad_norm"] > 0.05  # the factor was < 1: clipping took effect
+    assert getattr(fused.optimizer, "grad_scale", None) is None  # not left for the next step
+    for (name, a), b in zip(fused.module.named_parameters(), reference.module.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    assert fused.last_log["loss"] == pytest.approx(reference.last_log["loss"], abs=1e-6)
+
+
 def test_keep_last_checkpoints_through_the_trainer(tmp_path):
     trainer = _trainer(tmp_path, "run", SyntheticPretrainingData(32), max_steps=5, save_every=1, keep_last=2,
                        save_final=True)
