@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from .dropout import matmul_attention, scaled_dot_product_attention
+from .dropout import dropout, matmul_attention, scaled_dot_product_attention
 from .kernels import Workspace
 
 __all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "first_token_attention", "packed_attention"]
@@ -68,6 +68,7 @@ class Packing:
     extra_rows: int = 0  # filler rows after the T real ones (see `row_bucket`)
     length_bucket: int = 0  # in low-precision inference, attention lengths are rounded up too (see `bucket_size`)
     padded_slots: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    padded_bias: tuple[tuple, torch.Tensor] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
@@ -242,21 +243,47 @@ def first_token_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, d
     return out.transpose(1, 2).reshape(count, hidden)
 
 
+def _padded_bias(packing: Packing, num_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive attention mask of the padded (N, L) layout, 0 where a query may see a key and -inf
+    where not: (N·A, 1, L), or (N·A, L, L) for a causal model. Built once per batch and dtype and kept
+    on the Packing, which every layer shares."""
+    key = (num_heads, dtype)
+    if packing.padded_bias is None or packing.padded_bias[0] != key:
+        _, key_mask = _padded_slots(packing)  # (N, 1, 1, L)
+        count, longest = key_mask.shape[0], key_mask.shape[-1]
+        allowed = key_mask[:, 0]  # (N, 1, L)
+        if packing.is_causal:
+            allowed = allowed & torch.ones(longest, longest, dtype=torch.bool, device=allowed.device).tril_()
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+        bias = bias[:, None].expand(count, num_heads, *allowed.shape[1:]).reshape(count * num_heads,
+                                                                                  *allowed.shape[1:])
+        packing.padded_bias = (key, bias)
+    return packing.padded_bias[1]
+
+
 def _padded_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float) -> torch.Tensor:
-    """qkv (T, 3H) -> context (T, H) through one (N, A, L, D) attention call: the real rows copied into
-    a zero-padded (N·L, 3H) batch (`index_copy`, whose backward is one gather), padding keys masked
-    (their weight is exactly 0), the padding queries' outputs dropped (`index_select`). Filler rows
-    (`Packing.extra_rows`) get a zero context."""
+    """qkv (T, 3H) -> context (T, H) through one (N·A, L, D) batch of attention matmuls: the real rows
+    copied into a zero-padded (N·L, 3H) batch (`index_copy`, whose backward is one gather), its heads laid
+    out side by side in one copy, padding keys masked by an additive -inf (`_padded_bias`, in the same
+    batched matmul as the scaling: `baddbmm`), the padding queries' outputs dropped (`index_select`).
+    Filler rows (`Packing.extra_rows`) get a zero context. The fewest ops per layer for autograd to
+    record and replay: this runs once per layer per training step."""
     tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    head_dim = hidden // num_heads
     real_tokens = tokens - packing.extra_rows
     slots, key_mask = _padded_slots(packing)
     count, longest = key_mask.shape[0], key_mask.shape[-1]
     padded = qkv.new_zeros(count * longest, 3 * hidden).index_copy(0, slots, qkv[:real_tokens])
-    query, key, value = padded.view(count, longest, 3, num_heads, hidden // num_heads).permute(2, 0, 3, 1, 4)
-    if packing.is_causal:  # one mask: torch's attention takes a mask or is_causal, not both
-        key_mask = key_mask & torch.ones(longest, longest, dtype=torch.bool, device=qkv.device).tril_()
-    out = scaled_dot_product_attention(query, key, value, attn_mask=key_mask, dropout_p=dropout_p)  # (N, A, L, D)
-    context = out.transpose(1, 2).reshape(count * longest, hidden).index_select(0, slots)
+    query, key, value = padded.view(count, longest, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4).reshape(
+        3, count * num_heads, longest, head_dim).unbind(0)  # each (N·A, L, D), contiguous
+    bias = _padded_bias(packing, num_heads, query.dtype)
+    scores = torch.baddbmm(bias, query, key.transpose(1, 2), alpha=head_dim ** -0.5)  # (N·A, L, L)
+    probabilities = scores.softmax(dim=-1)
+    if dropout_p:
+        probabilities = dropout(probabilities, dropout_p)
+    out = torch.bmm(probabilities, value)  # (N·A, L, D)
+    context = out.view(count, num_heads, longest, head_dim).transpose(1, 2).reshape(
+        count * longest, hidden).index_select(0, slots)
     if packing.extra_rows:
         context = torch.cat([context, qkv.new_zeros(packing.extra_rows, hidden)])
     return context

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from .distributed import DistributedContext, configure_threads, grad_scaler, setup, wrap_model
+from .embedding_grads import SparseEmbeddingGrads
 from .evaluation import Evaluation
 from .memory import keep_freed_memory
 from .optim import build_optimizer
@@ -156,6 +157,9 @@ class Trainer(TrainingState, Evaluation):
         self.scaler = self._grad_scaler()
         if self.device.type == "cpu":
             _bucket_packed_rows(self.module)
+        # Large embedding tables' gradients as the rows a step touched (embedding_grads.py), while `train` runs.
+        self.embedding_grads = (SparseEmbeddingGrads(self.module) if self.device.type == "cpu"
+                                and not self.context.is_distributed and not self._is_fsdp else None)
 
         self.step = 0
         self.position = DataPosition()
@@ -259,6 +263,7 @@ class Trainer(TrainingState, Evaluation):
         return tokens
 
     def _optimizer_step(self, step_loss: torch.Tensor) -> None:
+        table_norms = self.embedding_grads.densify() if self.embedding_grads else {}
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip_in_step = False
@@ -270,7 +275,10 @@ class Trainer(TrainingState, Evaluation):
                 # A fused optimizer divides each gradient by `grad_scale` in its own pass over it (the
                 # hook GradScaler uses): clip_grad_norm_'s factor min(1, max_norm / (norm + 1e-6)) as a
                 # divisor saves a read and write of every gradient.
-                norm = torch.nn.utils.get_total_norm([p.grad for p in self.module.parameters() if p.grad is not None])
+                # the norms of sparse table gradients from their rows, not their dense buffers
+                norm = torch.nn.utils.get_total_norm(
+                    [p.grad for p in self.module.parameters() if p.grad is not None and p not in table_norms]
+                    + list(table_norms.values()))
                 self.optimizer.grad_scale = torch.clamp((norm + 1e-6) / max_norm, min=1.0)
                 clip_in_step = True
             else:
@@ -370,7 +378,10 @@ class Trainer(TrainingState, Evaluation):
         self._paused_seconds = 0.0
         window_start, paused, tokens = started, 0.0, 0.0  # eval and saving do not count in the throughput
         eval_results, budget_spent = None, False
+        stack = contextlib.ExitStack()
         try:
+            if self.embedding_grads:
+                stack.enter_context(self.embedding_grads)
             steps = self._steps()
             while self.step < end:
                 self.position, micro_batches = next(steps)
@@ -412,5 +423,6 @@ class Trainer(TrainingState, Evaluation):
                     break
             self._check_finite()
         finally:
+            stack.close()
             bar.close()
         return TrainResult(self.step, self.last_log, self.last_checkpoint, eval_results, self.best, budget_spent)

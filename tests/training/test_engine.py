@@ -272,6 +272,30 @@ def test_clipping_inside_the_fused_step_equals_clip_grad_norm(tmp_path):
     assert fused.last_log["loss"] == pytest.approx(reference.last_log["loss"], abs=1e-6)
 
 
+def test_sparse_embedding_gradients_train_as_the_dense_ones(tmp_path, monkeypatch):
+    """On CPU the Trainer takes large embedding tables' gradients as the rows a step touched and adds them
+    into a kept buffer (embedding_grads.py): the same run as dense gradients, with clipping, and the
+    model's tables are as given once training ends."""
+    from bertforge.training import embedding_grads
+
+    monkeypatch.setattr(embedding_grads, "MIN_NUMEL", 0)  # the tiny model's tables are small
+    data = SyntheticPretrainingData(32)
+    sparse = _trainer(tmp_path, "sparse", data, max_grad_norm=0.05)
+    dense = _trainer(tmp_path, "dense", data, max_grad_norm=0.05)
+    dense.embedding_grads = None
+    assert len(sparse.embedding_grads.modules) == 3  # word (also the tied MLM decoder), position, segment
+    replaced = []
+    densify = sparse.embedding_grads.densify
+    monkeypatch.setattr(sparse.embedding_grads, "densify", lambda: replaced.append(densify()) or replaced[-1])
+    sparse.train()
+    dense.train()
+    assert all(len(norms) == 2 for norms in replaced)  # position and segment; the tied table's gradient is dense
+    assert not any(m.sparse for m in sparse.module.modules() if isinstance(m, torch.nn.Embedding))
+    for (name, a), b in zip(sparse.module.named_parameters(), dense.module.parameters()):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0), name
+    assert sparse.last_log["grad_norm"] == pytest.approx(dense.last_log["grad_norm"], rel=1e-5)
+
+
 def test_keep_last_checkpoints_through_the_trainer(tmp_path):
     trainer = _trainer(tmp_path, "run", SyntheticPretrainingData(32), max_steps=5, save_every=1, keep_last=2,
                        save_final=True)
