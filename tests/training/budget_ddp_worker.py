@@ -1,6 +1,6 @@
 """Run under `torchrun --nproc_per_node 2` by test_engine.py: a budget-scheduled run in which rank 1's
-steps take longer (a fake clock: 10 s a step on rank 0, 15 s on rank 1). Writes each rank's rates and
-last step to OUT/rank{R}.json."""
+steps take longer (a fake clock: 10 s a step on rank 0, 15 s on rank 1). Writes each rank's rates (as
+fractions of the peak rate) and last step to OUT/rank{R}.json."""
 
 import json
 import sys
@@ -23,13 +23,13 @@ rates, step = [], MaskedLMStep()
 
 
 def slow_step(model, batch):
-    rates.append(trainer.scheduler.get_last_lr()[0])
+    rates.append(trainer.scheduler.get_last_lr()[0] / args.lr)
     clock["t"] += 10.0 if context.rank == 0 else 15.0
     return step(model, batch)
 
 
 args = TrainingArguments(output_dir=out / "run", batch_size=4, max_steps=1000, max_minutes=1.0, budget_schedule=True,
-                         warmup_ratio=0.25, lr=1.0, log_every=1, progress=False, save_final=False)
+                         warmup_ratio=0.25, lr=1e-3, log_every=1, progress=False, save_final=False)
 config = BertConfig.preset("tiny", vocab_size=128, max_position_embeddings=64)
 trainer = Trainer(build_model(config, seed=0, nsp=True), args, SyntheticPretrainingData(64), collate, slow_step,
                   count_fn=step.counts, context=context)
