@@ -195,12 +195,11 @@ def pads_attention(packing: Packing, hidden: int) -> bool:
     (`_padded_attention`) instead of one call per length (`packed_attention`'s groups).
 
     Why: with gradients, each group costs some 25 small ops forward and backward, and a shuffled batch
-    of 32 sentences has about 20 lengths, so per-length calls cost more than the padding saves
-    (BENCHMARKS.md, "Fine-tuning against the peer at its best settings"). One call is taken when the
-    attention work it adds on padding, 4·H·(N·L² − Σ n²) FLOPs for N examples of lengths n up to L, is
-    at most an eighth of the dense layers' 24·T·H² on the T real tokens, as it is for sentence-length
-    batches (the dense layers, not attention, dominate there); long examples of mixed lengths (packed
-    pre-training rows, SQuAD windows) keep the per-length calls.
+    of 32 sentences has about 20 lengths, so per-length calls cost more than the padding saves. One call
+    is taken when the attention work it adds on padding, 4·H·(N·L² − Σ n²) FLOPs for N examples of
+    lengths n up to L, is at most an eighth of the dense layers' 24·T·H² on the T real tokens, as it is
+    for sentence-length batches (the dense layers, not attention, dominate there); long examples of
+    mixed lengths (packed pre-training rows, SQuAD windows) keep the per-length calls.
     """
     if len(packing.groups) < 2:
         return False
