@@ -3,6 +3,7 @@ steps take longer (a fake clock: 10 s a step on rank 0, 15 s on rank 1). Writes 
 fractions of the peak rate) and last step to OUT/rank{R}.json."""
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -36,3 +37,7 @@ trainer = Trainer(build_model(config, seed=0, nsp=True), args, SyntheticPretrain
 result = trainer.train()
 (out / f"rank{context.rank}.json").write_text(json.dumps({"step": result.step, "rates": rates}))
 context.teardown()
+# Leave without the interpreter's shutdown: about one run in ten aborted there ("terminate called without an
+# active exception") after both ranks had torn down and written the results above; the cause (this worker
+# patches time.perf_counter process-wide) is not established. What this test checks is written by now.
+os._exit(0)
