@@ -7,8 +7,8 @@ mask is 16-bit chunks of 64-bit words (four elements per word) from numpy's SFC6
 by one draw from torch's default generator: each element drops when its 16 bits fall below
 round(p * 2^16), i.e. with probability p rounded to a multiple of 2^-16 (0.1 -> 0.100006; at most
 2^-17 away), and the kept values are scaled by 1 / (1 - that probability), so the expectation is
-exactly preserved. SFC64 fills and numpy compares the words several times faster than torch's
-Mersenne Twister and int16 comparison; the seed comes from torch's generator, so `torch.manual_seed`
+exactly preserved. SFC64 fills and numpy compares the words faster than torch's Mersenne Twister
+and int16 comparison; the seed comes from torch's generator, so `torch.manual_seed`
 and a saved RNG state reproduce every mask (exact resume). The mask is applied, forward and backward,
 as one multiply by a 0/1 byte tensor and the scale (`addcmul`), not a multiply and a masked fill.
 

@@ -69,6 +69,7 @@ class Packing:
     length_bucket: int = 0  # in low-precision inference, attention lengths are rounded up too (see `bucket_size`)
     padded_slots: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
     padded_bias: tuple[tuple, torch.Tensor] | None = field(default=None, compare=False, repr=False)
+    _first_rows: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
@@ -107,8 +108,10 @@ class Packing:
     def first_rows(self) -> torch.Tensor:
         """(N,) int64: the packed row of each example's first real token, the examples in packed order
         (by length); N = the examples with a real token."""
-        firsts = [start + i * length for start, count, length in self.groups for i in range(count)]
-        return torch.tensor(firsts, device=self.index.device)
+        if self._first_rows is None:  # read by the last layer's query, residual and output order
+            firsts = [start + i * length for start, count, length in self.groups for i in range(count)]
+            self._first_rows = torch.tensor(firsts, device=self.index.device)
+        return self._first_rows
 
     def batch_order(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, ...) rows in packed example order (as `first_rows`) -> (B, ...) in batch order; every

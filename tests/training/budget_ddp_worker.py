@@ -37,7 +37,7 @@ trainer = Trainer(build_model(config, seed=0, nsp=True), args, SyntheticPretrain
 result = trainer.train()
 (out / f"rank{context.rank}.json").write_text(json.dumps({"step": result.step, "rates": rates}))
 context.teardown()
-# Leave without the interpreter's shutdown: about one run in ten aborted there ("terminate called without an
-# active exception") after both ranks had torn down and written the results above; the cause (this worker
-# patches time.perf_counter process-wide) is not established. What this test checks is written by now.
+# Leave without the interpreter's shutdown: runs sometimes aborted there ("terminate called without an
+# active exception") after both ranks had torn down and written the results above, for a cause not
+# established (this worker patches time.perf_counter process-wide). What this test checks is written by now.
 os._exit(0)
