@@ -3,6 +3,7 @@
     python benchmarks/finetune.py                                   # SST-2 1 epoch and MRPC 3 epochs
     python benchmarks/finetune.py --runs mrpc:3 --seed 42
     python benchmarks/finetune.py --best-peer                       # + both sides at their best settings
+    python benchmarks/finetune.py --runs sst2:1 --sides ours_bf16_grouped,peer_best
 
 For each `task:epochs` of `--runs`, in turn (never at once), on `--threads` threads: bertforge
 (dynamic padding and unpadded execution, its defaults) and the peer (`benchmarks/glue_peer.py`:
@@ -58,6 +59,8 @@ def run_ours(task: str, epochs: float, args, scratch: Path, precision: str = "fp
     return {"wall_seconds": results["wall_seconds"], "metrics": results["metrics"], "epoch": results["epoch"]}
 
 
+SIDES = ("ours", "peer", "ours_bf16", "ours_bf16_grouped", "peer_best")
+
 # The peer as an expert would set it: pad each batch to its longest, batch similar lengths, bf16 autocast.
 PEER_BEST = ["--dynamic-padding", "--group-by-length", "--bf16"]
 
@@ -90,9 +93,17 @@ def main() -> None:
                              "best settings (" + " ".join(PEER_BEST) + ")")
     parser.add_argument("--skip-default-peer", action="store_true",
                         help="with --best-peer: leave out the peer padding to --max-seq-length (its slowest side)")
+    parser.add_argument("--sides", metavar="NAMES",
+                        help="comma-separated: run only these sides (" + ", ".join(SIDES) + "); "
+                             "--best-peer is implied by any of its sides")
     args = parser.parse_args()
     if args.skip_default_peer and not args.best_peer:
         parser.error("--skip-default-peer needs --best-peer")
+    chosen = args.sides.split(",") if args.sides else None
+    if chosen and not set(chosen) <= set(SIDES):
+        parser.error(f"--sides: unknown side(s) {sorted(set(chosen) - set(SIDES))}; choose from {', '.join(SIDES)}")
+    if chosen and set(chosen) & {"ours_bf16", "ours_bf16_grouped", "peer_best"}:
+        args.best_peer = True
     args.model = args.model or minilm_dir()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     load = os.getloadavg()[0]
@@ -113,6 +124,8 @@ def main() -> None:
                            lambda: run_ours(task, float(epochs), args, Path(scratch), "bf16", grouped=True)),
                           ("peer_best", lambda: run_peer(task, float(epochs), args, Path(scratch), best=True))]
             for name, run in sides:
+                if chosen and name not in chosen:
+                    continue
                 log(f"{task}, {epochs} epoch(s): {name} ...")
                 started = time.perf_counter()
                 row[name] = run()

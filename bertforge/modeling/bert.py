@@ -167,20 +167,28 @@ class MultiHeadSelfAttention(nn.Module):
             context = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
         return context.transpose(1, 2).reshape(batch, seq_length, hidden), probs
 
-    def first_token_context(self, hidden_states: torch.Tensor, mask: torch.Tensor | None,
+    def first_token_context(self, hidden_states: torch.Tensor, first: torch.Tensor, mask: torch.Tensor | None,
                             packing: Packing | None = None) -> torch.Tensor:
         """The context at each example's first token only, attending to all its keys: hidden_states
-        (B, S, H), mask (B or 1, 1, 1, S) or None -> (B, H); with `packing`, (T, H) -> (N, H) in packed
-        example order (`first_token_attention`)."""
+        (B, S, H) and their first tokens `first` (B, H), mask (B or 1, 1, 1, S) or None -> (B, H); with
+        `packing`, (T, H) and (N, H) -> (N, H) in packed example order (`first_token_attention`). Keys and
+        values are projected for every token, the query for the first tokens only."""
         dropout_p = self.dropout_p if self.training else 0.0
-        qkv = self.project_qkv(hidden_states)
+        hidden = hidden_states.shape[-1]
+        if self.qkv is not None:  # a module that projects all three at once (int8)
+            query, key_value = self.qkv(first)[:, :hidden], self.project_qkv(hidden_states)[..., hidden:]
+        else:
+            pair = (self.key, self.value)
+            query = F.linear(first, self.query.weight, self.query.bias)
+            key_value = F.linear(hidden_states, stacked_parameter(pair, "weight"), stacked_parameter(pair, "bias"))
         if packing is not None:
-            return first_token_attention(qkv, packing, self.num_heads, dropout_p)
-        batch, seq_length, hidden = hidden_states.shape
-        query, key, value = qkv.view(batch, seq_length, 3, self.num_heads, hidden // self.num_heads).permute(
+            return first_token_attention(query, key_value, packing, self.num_heads, dropout_p)
+        batch, seq_length, _ = hidden_states.shape
+        key, value = key_value.view(batch, seq_length, 2, self.num_heads, hidden // self.num_heads).permute(
             2, 0, 3, 1, 4).unbind(0)  # each (B, A, S, D)
-        context = scaled_dot_product_attention(query[:, :, :1], key, value, attn_mask=mask, dropout_p=dropout_p)
-        return context.transpose(1, 2).reshape(batch, hidden)
+        query = query.view(batch, self.num_heads, 1, hidden // self.num_heads)
+        context = scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout_p)
+        return context.reshape(batch, hidden)
 
     def _forward_packed(self, hidden_states: torch.Tensor, packing: Packing,
                         workspace: Workspace | None) -> torch.Tensor:
@@ -277,9 +285,9 @@ class TransformerLayer(nn.Module):
         last layer: hidden_states (B, S, H) -> (B, H); with `packing`, (T, H) -> (N, H) in packed example
         order. Keys and values still come from every token; the query, output projection, feed-forward
         and norms run on one row per example instead of all of them (`BertModel.forward`'s `cls_only`)."""
-        context = self.attention.self.first_token_context(hidden_states, mask, packing)
-        residual = hidden_states[:, 0] if packing is None else hidden_states[packing.first_rows()]
-        attended = self.attention.output(context, residual)
+        first = hidden_states[:, 0] if packing is None else hidden_states[packing.first_rows()]
+        context = self.attention.self.first_token_context(hidden_states, first, mask, packing)
+        attended = self.attention.output(context, first)
         return self.output(self.intermediate(attended), attended)
 
 

@@ -256,12 +256,25 @@ def share_storage(linears: Sequence[nn.Linear]) -> None:
                 param.data = part
 
 
+class _Stacked(torch.autograd.Function):
+    """The stacked view of parameters laid side by side (`share_storage`) as a function of them: the
+    forward copies nothing, the backward hands each parameter its rows of the stacked gradient."""
+
+    @staticmethod
+    def forward(ctx, stacked: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.sizes = [param.shape[0] for param in params]
+        return stacked.view_as(stacked)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (None, *grad.split(ctx.sizes))
+
+
 def stacked_parameter(linears: Sequence[nn.Linear], name: str) -> torch.Tensor:
     """The weights (or biases, `name`) of `linears` stacked in their order, e.g. Q, K, V: (3H, H) or (3H,).
-    A view of the shared storage (`share_storage`) without autograd when the layout allows, else a copy."""
+    A view of the shared storage (`share_storage`) when the layout allows (with autograd, through `_Stacked`),
+    else a copy (`torch.cat`)."""
     params = [getattr(linear, name) for linear in linears]
-    if torch.is_grad_enabled() and any(param.requires_grad for param in params):
-        return torch.cat(params)  # autograd reaches each parameter
     first = params[0]
     size = first.numel() * first.element_size()
     storage = first.untyped_storage().data_ptr()
@@ -273,4 +286,7 @@ def stacked_parameter(linears: Sequence[nn.Linear], name: str) -> torch.Tensor:
     )
     if not adjacent:
         return torch.cat(params)
-    return first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
+    stacked = first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
+    if torch.is_grad_enabled() and any(param.requires_grad for param in params):
+        return _Stacked.apply(stacked, *params)  # autograd reaches each parameter
+    return stacked

@@ -108,7 +108,7 @@ class Packing:
     def first_rows(self) -> torch.Tensor:
         """(N,) int64: the packed row of each example's first real token, the examples in packed order
         (by length); N = the examples with a real token."""
-        if self._first_rows is None:  # read by the last layer's query, residual and output order
+        if self._first_rows is None:  # read by the last layer (its first tokens) and for the output order
             firsts = [start + i * length for start, count, length in self.groups for i in range(count)]
             self._first_rows = torch.tensor(firsts, device=self.index.device)
         return self._first_rows
@@ -227,20 +227,22 @@ def _padded_slots(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
     return packing.padded_slots
 
 
-def first_token_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float = 0.0) -> torch.Tensor:
-    """qkv (T, 3H) -> context (N, H) of each example's first token only (`Packing.first_rows`, packed
-    example order): keys and values of every real token, padded into one (N, A, L, D) batch as
-    `_padded_attention` does, and one query per example. What the pooler reads of the last layer
-    (`TransformerLayer.forward_first`). Not for causal attention."""
+def first_token_attention(query: torch.Tensor, key_value: torch.Tensor, packing: Packing, num_heads: int,
+                          dropout_p: float = 0.0) -> torch.Tensor:
+    """query (N, H) of each example's first token (`Packing.first_rows`, packed example order) and key_value
+    (T, 2H) of every row -> context (N, H): the keys and values of every real token, padded into one
+    (N, A, L, D) batch as `_padded_attention` does, and one query per example. What the pooler reads of
+    the last layer (`TransformerLayer.forward_first`). Not for causal attention."""
     if packing.is_causal:
         raise ValueError("first_token_attention: a causal model's first token sees only itself")
-    tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    tokens, hidden = key_value.shape[0], key_value.shape[1] // 2
     head_dim = hidden // num_heads
     slots, key_mask = _padded_slots(packing)
     count, longest = key_mask.shape[0], key_mask.shape[-1]
-    padded = qkv.new_zeros(count * longest, 3 * hidden).index_copy(0, slots, qkv[:tokens - packing.extra_rows])
-    _, key, value = padded.view(count, longest, 3, num_heads, head_dim).permute(2, 0, 3, 1, 4)
-    query = qkv[packing.first_rows(), :hidden].view(count, 1, num_heads, head_dim).transpose(1, 2)
+    padded = key_value.new_zeros(count * longest, 2 * hidden).index_copy(
+        0, slots, key_value[:tokens - packing.extra_rows])
+    key, value = padded.view(count, longest, 2, num_heads, head_dim).permute(2, 0, 3, 1, 4)
+    query = query.view(count, 1, num_heads, head_dim).transpose(1, 2)
     out = scaled_dot_product_attention(query, key, value, attn_mask=key_mask, dropout_p=dropout_p)  # (N, A, 1, D)
     return out.transpose(1, 2).reshape(count, hidden)
 

@@ -5,7 +5,10 @@ touches at most T rows. Autograd's dense backward zero-fills and scatters into t
 step (for BERT's 30,522 × 384 word embeddings, 47 MB), and global-norm clipping then reads all of it
 again. With `nn.Embedding(sparse=True)` the lookup's backward gives only the rows; before clipping and
 the optimizer step `SparseEmbeddingGrads.densify` takes the norm of those rows and adds them into a
-zeroed dense buffer that the optimizer sees as the gradient, the same numbers as the dense backward's.
+dense buffer that the optimizer sees as the gradient, the same numbers as the dense backward's. The
+buffer is kept between steps; with `zero_rows_only` (the Trainer's own fused AdamW, which writes a
+gradient only to divide it by clipping's factor, leaving zeros at zero) only the rows the previous
+step wrote are zeroed again, not the whole table.
 
 The Trainer turns this on for large tables (`MIN_NUMEL`) while it trains on CPU in one process (DDP's
 and FSDP's reductions expect dense gradients) and turns it off again when training ends, so that the
@@ -23,11 +26,15 @@ MIN_NUMEL = 1 << 20  # tables of at least this many numbers (a vocabulary, not p
 class SparseEmbeddingGrads:
     """The large embedding tables of a model, switched to sparse gradients inside `with`."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, zero_rows_only: bool = False):
+        """zero_rows_only: nothing but this class writes nonzeros into the gradient buffers between steps
+        (true of the Trainer's AdamW), so zeroing the rows written last suffices."""
+        self.zero_rows_only = zero_rows_only
         self.modules = [module for module in model.modules()
                         if isinstance(module, nn.Embedding) and not module.sparse
                         and module.weight.requires_grad and module.weight.numel() >= MIN_NUMEL]
         self._buffers: dict[int, torch.Tensor] = {}
+        self._written: dict[int, torch.Tensor] = {}  # the rows of each buffer that are not zero
 
     def __enter__(self) -> SparseEmbeddingGrads:
         for module in self.modules:
@@ -38,6 +45,7 @@ class SparseEmbeddingGrads:
         for module in self.modules:
             module.sparse = False
         self._buffers.clear()
+        self._written.clear()
 
     def densify(self) -> dict[torch.Tensor, torch.Tensor]:
         """Replace each sparse table gradient by the dense one, in a buffer kept between steps.
@@ -52,10 +60,13 @@ class SparseEmbeddingGrads:
             buffer = self._buffers.get(id(weight))
             if buffer is None or buffer.shape != weight.shape or buffer.dtype != weight.dtype:
                 buffer = self._buffers[id(weight)] = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+            elif self.zero_rows_only and id(weight) in self._written:
+                buffer.index_fill_(0, self._written[id(weight)], 0)
             else:
                 buffer.zero_()
-            values = grad.values()
-            buffer.index_add_(0, grad.indices()[0], values)
+            values, rows = grad.values(), grad.indices()[0]
+            buffer.index_add_(0, rows, values)
+            self._written[id(weight)] = rows
             weight.grad = buffer
             norms[weight] = torch.linalg.vector_norm(values)
         return norms

@@ -158,7 +158,8 @@ class Trainer(TrainingState, Evaluation):
         if self.device.type == "cpu":
             _bucket_packed_rows(self.module)
         # Large embedding tables' gradients as the rows a step touched (embedding_grads.py), while `train` runs.
-        self.embedding_grads = (SparseEmbeddingGrads(self.module) if self.device.type == "cpu"
+        self.embedding_grads = (SparseEmbeddingGrads(self.module, zero_rows_only=optimizer_fn is None)
+                                if self.device.type == "cpu"
                                 and not self.context.is_distributed and not self._is_fsdp else None)
 
         self.step = 0

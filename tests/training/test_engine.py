@@ -284,6 +284,7 @@ def test_sparse_embedding_gradients_train_as_the_dense_ones(tmp_path, monkeypatc
     dense = _trainer(tmp_path, "dense", data, max_grad_norm=0.05)
     dense.embedding_grads = None
     assert len(sparse.embedding_grads.modules) == 3  # word (also the tied MLM decoder), position, segment
+    assert sparse.embedding_grads.zero_rows_only  # the Trainer's AdamW: only last step's rows are zeroed again
     replaced = []
     densify = sparse.embedding_grads.densify
     monkeypatch.setattr(sparse.embedding_grads, "densify", lambda: replaced.append(densify()) or replaced[-1])
