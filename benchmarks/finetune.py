@@ -94,7 +94,7 @@ def main() -> None:
     parser.add_argument("--skip-default-peer", action="store_true",
                         help="with --best-peer: leave out the peer padding to --max-seq-length (its slowest side)")
     parser.add_argument("--sides", metavar="NAMES",
-                        help="comma-separated: run only these sides (" + ", ".join(SIDES) + "); "
+                        help="comma-separated: run only these sides, in this order (" + ", ".join(SIDES) + "); "
                              "--best-peer is implied by any of its sides")
     args = parser.parse_args()
     if args.skip_default_peer and not args.best_peer:
@@ -123,9 +123,9 @@ def main() -> None:
                           ("ours_bf16_grouped",
                            lambda: run_ours(task, float(epochs), args, Path(scratch), "bf16", grouped=True)),
                           ("peer_best", lambda: run_peer(task, float(epochs), args, Path(scratch), best=True))]
+            if chosen:  # in the order given (e.g. the peer first, to see drift over the run)
+                sides = sorted((side for side in sides if side[0] in chosen), key=lambda side: chosen.index(side[0]))
             for name, run in sides:
-                if chosen and name not in chosen:
-                    continue
                 log(f"{task}, {epochs} epoch(s): {name} ...")
                 started = time.perf_counter()
                 row[name] = run()
