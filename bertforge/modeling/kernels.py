@@ -275,6 +275,9 @@ def stacked_parameter(linears: Sequence[nn.Linear], name: str) -> torch.Tensor:
     A view of the shared storage (`share_storage`) when the layout allows (with autograd, through `_Stacked`),
     else a copy (`torch.cat`)."""
     params = [getattr(linear, name) for linear in linears]
+    tracked = torch.is_grad_enabled() and any(param.requires_grad for param in params)
+    if tracked and (torch.onnx.is_in_onnx_export() or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        return torch.cat(params)  # an exported graph would bake the view's offsets in as constant indices
     first = params[0]
     size = first.numel() * first.element_size()
     storage = first.untyped_storage().data_ptr()
@@ -287,6 +290,6 @@ def stacked_parameter(linears: Sequence[nn.Linear], name: str) -> torch.Tensor:
     if not adjacent:
         return torch.cat(params)
     stacked = first.detach().as_strided((len(params) * first.shape[0], *first.shape[1:]), first.stride())
-    if torch.is_grad_enabled() and any(param.requires_grad for param in params):
+    if tracked:
         return _Stacked.apply(stacked, *params)  # autograd reaches each parameter
     return stacked
