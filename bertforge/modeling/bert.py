@@ -175,8 +175,10 @@ class MultiHeadSelfAttention(nn.Module):
         values are projected for every token, the query for the first tokens only."""
         dropout_p = self.dropout_p if self.training else 0.0
         hidden = hidden_states.shape[-1]
-        if self.qkv is not None:  # a module that projects all three at once (int8)
-            query, key_value = self.qkv(first)[:, :hidden], self.project_qkv(hidden_states)[..., hidden:]
+        if self.qkv is not None:  # a module that projects all three at once (int8): every row's query too
+            qkv = self.project_qkv(hidden_states)
+            query = (qkv[:, 0] if packing is None else qkv[packing.first_rows()])[:, :hidden]
+            key_value = qkv[..., hidden:]
         else:
             pair = (self.key, self.value)
             query = F.linear(first, self.query.weight, self.query.bias)

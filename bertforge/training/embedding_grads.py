@@ -33,8 +33,8 @@ class SparseEmbeddingGrads:
         self.modules = [module for module in model.modules()
                         if isinstance(module, nn.Embedding) and not module.sparse
                         and module.weight.requires_grad and module.weight.numel() >= MIN_NUMEL]
-        self._buffers: dict[int, torch.Tensor] = {}
-        self._written: dict[int, torch.Tensor] = {}  # the rows of each buffer that are not zero
+        # per table (by id of its weight): the dense gradient buffer and the rows of it last written
+        self._buffers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __enter__(self) -> SparseEmbeddingGrads:
         for module in self.modules:
@@ -45,7 +45,6 @@ class SparseEmbeddingGrads:
         for module in self.modules:
             module.sparse = False
         self._buffers.clear()
-        self._written.clear()
 
     def densify(self) -> dict[torch.Tensor, torch.Tensor]:
         """Replace each sparse table gradient by the dense one, in a buffer kept between steps.
@@ -57,16 +56,16 @@ class SparseEmbeddingGrads:
             if grad is None or not grad.is_sparse:
                 continue
             grad = grad.coalesce()  # one row per token id: repeated ids summed
-            buffer = self._buffers.get(id(weight))
+            buffer, written = self._buffers.get(id(weight), (None, None))
             if buffer is None or buffer.shape != weight.shape or buffer.dtype != weight.dtype:
-                buffer = self._buffers[id(weight)] = torch.zeros_like(weight, memory_format=torch.contiguous_format)
-            elif self.zero_rows_only and id(weight) in self._written:
-                buffer.index_fill_(0, self._written[id(weight)], 0)
+                buffer = torch.zeros_like(weight, memory_format=torch.contiguous_format)
+            elif self.zero_rows_only:
+                buffer.index_fill_(0, written, 0)
             else:
                 buffer.zero_()
             values, rows = grad.values(), grad.indices()[0]
             buffer.index_add_(0, rows, values)
-            self._written[id(weight)] = rows
+            self._buffers[id(weight)] = (buffer, rows)
             weight.grad = buffer
             norms[weight] = torch.linalg.vector_norm(values)
         return norms

@@ -299,6 +299,33 @@ def test_unpadded_causal_and_autograd_match_padded():
         assert max_diff(grads[1][name], grads[0][name]) <= TOL, name
 
 
+def test_stacked_parameters_in_place_give_each_parameter_its_gradient(monkeypatch):
+    """With autograd, the stacked Q, K, V weight is read in place of their shared storage (no copy) and
+    each parameter gets its own rows of the gradient: the same outputs and gradients as concatenating,
+    fp32 and under bf16 autocast; while exporting or tracing it is a concatenation."""
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(16, 16) for _ in range(3)]
+    kernels.share_storage(linears)
+    x = torch.randn(5, 16)
+    assert kernels.stacked_parameter(linears, "weight").data_ptr() == linears[0].weight.data_ptr()
+    for autocast in (False, True):
+        runs = []
+        for stack in (lambda name: kernels.stacked_parameter(linears, name),
+                      lambda name: torch.cat([getattr(linear, name) for linear in linears])):
+            for linear in linears:
+                linear.zero_grad(set_to_none=True)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = F.linear(x, stack("weight"), stack("bias"))
+            (out.float() * torch.arange(out.shape[-1])).sum().backward()  # a different gradient per row
+            runs.append((out, [(linear.weight.grad.clone(), linear.bias.grad.clone()) for linear in linears]))
+        (out, grads), (expected_out, expected_grads) = runs
+        assert torch.equal(out, expected_out)
+        for (weight, bias), (expected_weight, expected_bias) in zip(grads, expected_grads):
+            assert torch.equal(weight, expected_weight) and torch.equal(bias, expected_bias)
+    monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+    assert kernels.stacked_parameter(linears, "weight").data_ptr() != linears[0].weight.data_ptr()
+
+
 def test_cls_only_last_layer_matches_the_full_layer(minilm_dir, real_batches):
     """`cls_only` (what the classification heads ask for) runs the last layer at [CLS] only: the pooled
     vector, the [CLS] row and every parameter's gradient equal the full layer's, padded and unpadded,
