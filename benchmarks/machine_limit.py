@@ -57,8 +57,9 @@ KINDS = (("matmul", r"\bmm\b|addmm|bmm|linear|matmul|_mkl_|mkldnn"),
          ("attention", r"attention|softmax|_scaled_dot"),
          ("layer_norm", r"layer_norm"),
          ("gelu", r"gelu"),
-         ("dropout_elementwise", r"dropout|bernoulli|random_|masked_fill|mul_|\bmul\b|\bdiv"),
-         ("optimizer", r"adam|_foreach|lerp|addcmul|addcdiv|sqrt"),
+         # both sides step with the fused AdamW, so an addcmul is bertforge's dropout (modeling/dropout.py)
+         ("dropout_elementwise", r"dropout|bernoulli|random_|masked_fill|mul_|\bmul\b|\bdiv|addcmul"),
+         ("optimizer", r"adam|_foreach|lerp|addcdiv|sqrt"),
          ("copies_indexing", r"copy|contiguous|cat|index|clone|_to_copy|\bto\b|gather|scatter|select|"
                              r"slice|view|reshape|transpose|permute|expand|empty|zero|fill|as_strided|unbind"))
 
