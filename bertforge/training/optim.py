@@ -6,10 +6,9 @@ names (DDP's `module.`, FSDP's `_fsdp_wrapped_module.`). PyTorch's AdamW correct
 as the ecosystem's BERT implementations do; Google's AdamWeightDecayOptimizer does not (the difference
 fades after the first few hundred steps and is hidden by the warm-up).
 
-The update is PyTorch's fused AdamW kernel on every device: on CPU it is one vectorised pass per
-tensor over parameter, gradient and both moments, faster than the for-each and per-tensor forms
-(BENCHMARKS.md, "How close to the machine's limit"), and what the peer's `Trainer` runs by default
-(`adamw_torch_fused`).
+The update is PyTorch's fused AdamW kernel on every device: on CPU one vectorised pass per tensor over
+parameter, gradient and both moments (the for-each form makes several), and what the peer's `Trainer`
+runs by default (`adamw_torch_fused`).
 """
 
 from __future__ import annotations
