@@ -8,7 +8,8 @@ where bertforge's time goes.
    each padded to its longest sentence): bertforge (`optimize_for_inference`, fp32 and bf16) and the peer
    (`attn_implementation="sdpa"`, fp32, and bf16 through `torch.autocast("cpu", dtype=torch.bfloat16)`).
 3. **Training step** (forward, backward, AdamW) of `BertForSequenceClassification` at `base` on the same
-   batches, dropout on: bertforge unpadded (as `finetune` runs) and the peer padded; both with PyTorch's
+   batches, dropout on: bertforge unpadded and the peer padded, the plain model on both sides (not bertforge's
+   `Trainer`, whose extras on CPU, such as sparse word-embedding gradients, are off here); both with PyTorch's
    fused AdamW (bertforge's `build_optimizer`, the peer's `Trainer` default), fp32 and bf16 autocast.
 
 Achieved FLOP/s counts the *useful* work of a batch: the real tokens only. Per layer, a sequence of n
