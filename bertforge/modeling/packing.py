@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from .dropout import dropout, matmul_attention, scaled_dot_product_attention
 from .kernels import Workspace
 
-__all__ = ["DEFAULT_ROW_BUCKET", "Packing", "bucket_size", "first_token_attention", "packed_attention"]
+__all__ = ["DEFAULT_ROW_BUCKET", "PADDED_LENGTH_STEP", "Packing", "bucket_size", "first_token_attention",
+           "packed_attention"]
 
 # The smallest bucket step of the unpadded path's packed length (see `optimize_for_inference`).
 DEFAULT_ROW_BUCKET = 16
@@ -56,7 +57,8 @@ class Packing:
     GELU) builds and caches a kernel per matrix shape, and the allocator keeps blocks of every size it
     has served, so a server whose every batch has a new T keeps building kernels and growing its
     memory (`bucket_size`). `length_bucket` (set to row_bucket): in bf16/fp16 inference the attention
-    of each example also runs at a bucketed length (`packed_attention`).
+    of each example also runs at a bucketed length (`packed_attention`), and the padded attention of
+    training and of the [CLS] query at a rounded-up length (`_padded_slots`).
     """
 
     batch: int
@@ -212,13 +214,27 @@ def pads_attention(packing: Packing, hidden: int) -> bool:
     return 4 * (count * longest * longest - squares) <= 3 * packing.num_tokens * hidden
 
 
+# With row buckets on (`Packing.length_bucket` > 0), the padded layout's length L is the longest example's
+# rounded up to a multiple of this (`bucket_size`: 8 up to 127 tokens, 16 up to 255, ...).
+PADDED_LENGTH_STEP = 8
+
+
 def _padded_slots(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each real packed row sits in the padded (N, L) layout: (real_tokens,) int64 slots
     n·L + position, and the (N, 1, 1, L) key mask (True = a real token). Built once per batch and
-    kept on the Packing, which every layer shares."""
+    kept on the Packing, which every layer shares.
+
+    L is the longest example's length, rounded up (`PADDED_LENGTH_STEP`) when the packing has row
+    buckets. Why: oneDNN builds a matmul kernel for every attention shape it meets and keeps about half
+    a megabyte of heap per kernel, built in the middle of a training step among the step's tensors;
+    fine-tuning on sentence batches meets nearly every length up to max_seq_length, and those kernels
+    fragmented the heap into growing (BENCHMARKS.md, "Training memory"). The extra key positions are
+    masked (weight exactly 0) and the extra query rows dropped, so the outputs do not change."""
     if packing.padded_slots is None:
         lengths = torch.tensor([length for _, n, length in packing.groups for _ in range(n)])
         count, longest = len(lengths), int(lengths.max())
+        if packing.length_bucket:
+            longest = bucket_size(longest, PADDED_LENGTH_STEP)
         slots = torch.arange(longest).expand(count, longest)
         real = slots < lengths[:, None]  # (N, L); row-major order is the packed order of the real rows
         slots = (torch.arange(count)[:, None] * longest + slots)[real]

@@ -440,6 +440,37 @@ def test_padded_attention_in_training_equals_per_length_calls(is_causal):
     assert not padded_context[packing.num_tokens:].any() and not padded_grad[packing.num_tokens:].any()
 
 
+def test_padded_attention_length_rounds_up_with_row_buckets():
+    """With row buckets the padded layout's length is the longest example's rounded up to a multiple of
+    PADDED_LENGTH_STEP (fewer attention shapes for oneDNN to build kernels for); context, gradients and
+    the [CLS] query's context equal those at the exact length (float64, to rounding)."""
+    import dataclasses
+
+    from bertforge.modeling.packing import (PADDED_LENGTH_STEP, Packing, _padded_attention, _padded_slots,
+                                            first_token_attention)
+    torch.manual_seed(0)
+    lengths = (21, 9, 17, 21, 5)
+    mask = torch.zeros(len(lengths), 21, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        mask[row, :length] = 1
+    bucketed = Packing.from_mask(mask, row_bucket=16)
+    exact = dataclasses.replace(bucketed, length_bucket=0, padded_slots=None, padded_bias=None)
+    assert _padded_slots(exact)[1].shape[-1] == 21
+    assert _padded_slots(bucketed)[1].shape[-1] == 24 == -(-21 // PADDED_LENGTH_STEP) * PADDED_LENGTH_STEP
+    qkv = torch.randn(bucketed.num_tokens + bucketed.extra_rows, 3 * 32, dtype=torch.float64)
+    weights = torch.randn(qkv.shape[0], 32, dtype=torch.float64)
+    query = torch.randn(len(lengths), 32, dtype=torch.float64)
+    results = []
+    for packing in (exact, bucketed):
+        leaf = qkv.clone().requires_grad_()
+        context = _padded_attention(leaf, packing, num_heads=4, dropout_p=0.0)
+        (context * weights).sum().backward()
+        first = first_token_attention(query, qkv[:, 32:], packing, num_heads=4)
+        results.append((context.detach(), leaf.grad, first))
+    for got, expected in zip(*results):
+        assert max_diff(got, expected) <= 1e-12
+
+
 def test_long_mixed_lengths_keep_per_length_attention():
     """Padding a 512-token example's batch-mates to 512 would cost more attention than it saves."""
     from bertforge.modeling.packing import Packing, pads_attention
