@@ -17,8 +17,8 @@ fine-tuning (training and the per-epoch dev evaluation, not process start-up or 
 final dev metric of each is reported beside it (the best epoch's, as both keep their best epoch), and
 its peak resident memory (`peak_rss_mb`).
 
-Exactly one JSON line goes to stdout; progress goes to stderr. On 2 cores of an Intel Xeon the
-defaults take about 2 hours, most of it the peer's SST-2 epoch (5,238 s: 2,105 steps padded to 128).
+Exactly one JSON line goes to stdout; progress goes to stderr. The defaults take hours on 2 cores, most
+of it the peer's SST-2 epoch padded to 128 (BENCHMARKS.md has the times).
 """
 
 from __future__ import annotations

@@ -227,8 +227,8 @@ def _padded_slots(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
     L is the longest example's length, rounded up (`PADDED_LENGTH_STEP`) when the packing has row
     buckets. Why: oneDNN builds and caches a matmul kernel, with heap memory of its own, for every
     attention shape it meets, in the middle of a training step among the step's tensors; fine-tuning on
-    sentence batches meets nearly every length up to max_seq_length, and those kernels fragmented the
-    heap into growing (BENCHMARKS.md, "Training memory"). The extra key positions are masked (weight
+    sentence batches meets nearly every length up to max_seq_length, and those kernels would fragment the
+    heap and keep it growing (BENCHMARKS.md, "Training memory"). The extra key positions are masked (weight
     exactly 0) and the extra query rows dropped, so the outputs do not change."""
     if packing.padded_slots is None:
         lengths = torch.tensor([length for _, n, length in packing.groups for _ in range(n)])
