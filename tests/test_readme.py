@@ -14,8 +14,8 @@ change, both in the tables below, keyed by the README's literal text:
 `bertforge ...` runs in this process through `bertforge.cli.main` (what the `bertforge` console script
 calls); `torchrun` runs as `python -m torch.distributed.run` (two processes, Gloo on CPU) on a free port.
 A block that cannot run here is marked in the README by a comment line just before it,
-`<!-- readme-test: skip REASON -->`, and skipped with that reason; a single command that cannot is named in
-SKIP_COMMANDS and reported as a skipped test of its own. A Hub id the README names (HUB_IDS) resolves offline
+`<!-- readme-test: skip REASON -->`, and skipped with that reason (a marker anywhere else fails: it would
+skip nothing). A Hub id the README names (HUB_IDS) resolves offline
 from a Hub cache in the hub's own layout that holds DIR's files: nothing touches a network.
 
 A new README command needs at most a new row in a table: a size to shrink, an input to make, a reason to
@@ -60,9 +60,6 @@ SUBSTITUTIONS: dict[str, str] = {
     "--seeds 5": "--seeds 1",
     "DIR": "{model}",
 }
-
-# A command holding one of these arguments is not run, and is reported as skipped with the reason.
-SKIP_COMMANDS: dict[str, str] = {}
 
 # Hub ids the README names: served offline from a Hub cache in the hub's own layout holding DIR's files.
 HUB_IDS = ("google-bert/bert-base-uncased",)
@@ -226,12 +223,7 @@ def run_command(arguments: list[str], cwd: Path, capsys) -> None:
                     "or mark the block <!-- readme-test: skip REASON -->")
 
 
-def skip_reason(arguments: list[str]) -> str | None:
-    return next((SKIP_COMMANDS[a] for a in arguments if a in SKIP_COMMANDS), None)
-
-
 BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
-SKIPPED = [(shlex.join(c), skip_reason(c)) for b in BLOCKS if not b["skip"] for c in b["commands"] if skip_reason(c)]
 
 
 @pytest.fixture(scope="module")
@@ -280,15 +272,19 @@ def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, 
     torch.set_num_threads(1)
     try:
         for arguments in block["commands"]:
-            if not skip_reason(arguments):
-                run_command(substitute(arguments, model_dir), workspace, capsys)
+            run_command(substitute(arguments, model_dir), workspace, capsys)
     finally:
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("command,reason", SKIPPED, ids=[c[:60] for c, _ in SKIPPED])
-def test_readme_command_not_run_here(command, reason):
-    pytest.skip(f"`{command}`: {reason}")
+def test_readme_skip_markers_each_precede_a_bash_block():
+    """A skip marker skips only the ```bash block on the next line: one left elsewhere (the block moved, or
+    another language's fence) would silently skip nothing, so it fails here, as a marker without a reason."""
+    lines = README.read_text(encoding="utf-8").splitlines()
+    stray = [f"README.md:{n + 1}: {line.strip()}" for n, line in enumerate(lines) if "readme-test" in line
+             and not (SKIP.search(line) and SKIP.search(line).group(1) and n + 1 < len(lines)
+                      and lines[n + 1].strip() == "```bash")]
+    assert stray == [], "readme-test markers that skip no ```bash block (or give no reason):\n" + "\n".join(stray)
 
 
 def test_readme_tables_match_the_readme():
@@ -296,7 +292,7 @@ def test_readme_tables_match_the_readme():
     text = README.read_text(encoding="utf-8")
     arguments = [a for block in BLOCKS for command in block["commands"] for a in command]
     joined = [" ".join(arguments[i:i + 2]) for i in range(len(arguments))]
-    assert [key for key in {**SUBSTITUTIONS, **SKIP_COMMANDS} if key not in arguments and key not in joined] == []
+    assert [key for key in SUBSTITUTIONS if key not in arguments and key not in joined] == []
     named = {a.rstrip("/") for a in arguments}
     for path in INPUTS:
         parents = {str(Path(path).parent)} | {str(p) for p in Path(path).parents}

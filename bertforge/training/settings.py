@@ -118,6 +118,6 @@ class RunSettings(TrainingSettings):
     resume: str | os.PathLike | bool | None = setting(
         None, "continue OUT's latest checkpoint (or the file/directory given)", nargs="?", const=True,
         metavar="CHECKPOINT")
-    # The flag is --unpad/--no-unpad, default None: the field's default.
+    # The flag is --unpad/--no-unpad; when neither is given the field's default, True, applies.
     unpad: bool = setting(True, "the encoder computes only the real tokens of each batch (default: on; "
                           "--no-unpad: the padded path, the same losses to rounding)", negatable=True)
