@@ -18,7 +18,8 @@ final dev metric of each is reported beside it (the best epoch's, as both keep t
 its peak resident memory (`peak_rss_mb`).
 
 Exactly one JSON line goes to stdout; progress goes to stderr. The defaults take hours on 2 cores, most
-of it the peer's SST-2 epoch padded to 128 (BENCHMARKS.md has the times).
+of it the peer's SST-2 epoch padded to 128 (BENCHMARKS.md, "Fine-tuning against the peer at its best
+settings", times the comparison users ask about: both sides at their best settings).
 """
 
 from __future__ import annotations

@@ -277,8 +277,8 @@ def time_repeat(variants: dict, batches: list[dict], repeat: int = 0, interleave
 
     Why pass by pass is the default: onnxruntime's worker threads spin for a while after each call (as
     torch's OpenMP threads do), so that a variant run right after another library's call loses part of
-    a core, an artefact of sharing one process that no deployment has (BENCHMARKS.md, "Inference
-    against the peer at its best settings", measures it with "batch")."""
+    a core, an artefact of sharing one process that no deployment has (docs/results/inference/README.md,
+    "Why the variants take turns pass by pass", measures it with "batch")."""
     names = list(variants)
 
     def rotated(shift: int) -> list[str]:
