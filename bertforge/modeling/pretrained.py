@@ -167,10 +167,10 @@ def _some(items: list[str], shown: int = 3) -> str:
 
 
 def _groups(keys: list[str]) -> str:
-    """Tensor names summarised by their first two components: "cls.predictions.* (6), ..."."""
+    """Tensor names summarised by module (at most two levels deep): "cls.predictions.* (6), ..."."""
     counts: dict[str, int] = {}
     for key in keys:
-        group = ".".join(key.split(".")[:2])
+        group = ".".join(key.split(".")[:-1][:2]) or key
         counts[group] = counts.get(group, 0) + 1
     return ", ".join(f"{group}.* ({count})" for group, count in counts.items())
 

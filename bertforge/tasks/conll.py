@@ -36,7 +36,7 @@ import torch
 from seqeval.metrics.sequence_labeling import get_entities
 
 from .._files import check_finished, read_text, write_text_atomic
-from ..modeling.pretrained import resolve_model_dir
+from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
 from .arrays import pad_inputs, pad_rows
 
@@ -340,6 +340,7 @@ def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike
 
     `max_train_examples` keeps the first N training sentences (document context then comes from those).
     """
+    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_conll(train_file)
     if max_train_examples is not None:

@@ -35,10 +35,11 @@ def read_bounded(path: str | os.PathLike, limit: int, what: str) -> bytes:
         raise FileNotFoundError(f"{what} not found: {path}") from None
     except OSError as error:
         raise ValueError(f"{path}: cannot read the {what} ({error.strerror})") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise ValueError(f"{path}: not a regular file (a device, FIFO or directory); the {what} must be one")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path}: not a regular file (a device, FIFO or directory); the {what} must be one")
         if info.st_size > limit:
             raise ValueError(f"{path}: {info.st_size:,} bytes, larger than a {what} can be ({limit:,} at most)")
         data = handle.read(limit + 1)
