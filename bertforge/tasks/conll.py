@@ -24,7 +24,6 @@ What fine-tuning (`bertforge.tasks.tagging`) and the feature-based approach
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import re
@@ -38,6 +37,7 @@ from seqeval.metrics.sequence_labeling import get_entities
 from .._files import check_finished, read_text, write_text_atomic
 from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
+from ..tokenization._read import read_json_object
 from .arrays import pad_inputs, pad_rows
 
 logger = logging.getLogger("bertforge")
@@ -363,9 +363,9 @@ def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike
 def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     check_finished(model_dir)  # a failed or killed run's model is not a finished one
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json_object(path, "model config")
 
 
 def _looks_labelled(path: Path, labels: Sequence[str]) -> bool:
