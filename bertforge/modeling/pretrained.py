@@ -231,7 +231,7 @@ def check_vocabulary(vocab_file: str | os.PathLike, config: BertConfig, config_s
     tokens, rows = len(vocab), config.vocab_size
     if tokens > rows:
         raise ValueError(f"{vocab_file} holds {tokens:,} tokens but vocab_size in {config_source} is {rows:,}: "
-                         f"the last {tokens - rows:,} tokens have no embedding row; the vocabulary and the model "
+                         f"the last {tokens - rows:,} token(s) have no embedding row; the vocabulary and the model "
                          f"disagree")
     if rows - tokens >= VOCAB_PADDING:
         raise ValueError(f"{vocab_file} holds {tokens:,} tokens but vocab_size in {config_source} is {rows:,} "

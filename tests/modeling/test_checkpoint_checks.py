@@ -253,7 +253,7 @@ def test_a_vocabulary_larger_than_the_embeddings_is_refused(minilm_copy):
     tokens = (minilm_copy / "vocab.txt").read_text(encoding="utf-8").splitlines()
     _write_vocab(minilm_copy, tokens + ["newword1", "newword2"])
     assert _refused(minilm_copy) == (f"{minilm_copy / 'vocab.txt'} holds 30,524 tokens but vocab_size in "
-                                     f"{minilm_copy / 'config.json'} is 30,522: the last 2 tokens have no embedding "
+                                     f"{minilm_copy / 'config.json'} is 30,522: the last 2 token(s) have no embedding "
                                      f"row; the vocabulary and the model disagree")
 
 
