@@ -75,10 +75,11 @@ def _checked_labels(id2label: Any) -> dict[int, str] | None:
     if missing:
         raise ValueError(f"id2label's ids must be 0 to {len(labels) - 1} without gaps; {missing[0]} is missing "
                          f"(ids given: {shown(sorted(labels))})")
-    names = list(labels.values())
-    repeated = next((name for name in names if names.count(name) > 1), None)
-    if repeated is not None:
-        raise ValueError(f"id2label names two classes {shown(repeated)}; label names must differ")
+    seen: set[str] = set()
+    for name in labels.values():
+        if name in seen:
+            raise ValueError(f"id2label names two classes {shown(name)}; label names must differ")
+        seen.add(name)
     return dict(sorted(labels.items()))
 
 

@@ -250,11 +250,19 @@ def check_pretrained(directory: str | os.PathLike, config: BertConfig | None = N
     config_source = str(directory / CONFIG_NAME) if config is None else "the config given"
     if config is None:
         config = BertConfig.from_pretrained(directory)
+    _check_checkpoint(directory, config, config_source)
+    return config
+
+
+def _check_checkpoint(directory: Path, config: BertConfig, config_source: str
+                      ) -> tuple[Path, dict[str, tuple[int, ...]]]:
+    """`check_pretrained`'s checks of `config` (read from `config_source`); (the weights file, its shapes)."""
     weights = weights_path(directory)
-    check_encoder_shapes(config, read_tensor_shapes(weights), config_source, str(weights))
+    shapes = read_tensor_shapes(weights)
+    check_encoder_shapes(config, shapes, config_source, str(weights))
     if directory.is_dir() and (directory / VOCAB_NAME).exists():
         check_vocabulary(directory / VOCAB_NAME, config, config_source)
-    return config
+    return weights, shapes
 
 
 def match_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str,
@@ -324,13 +332,9 @@ class PreTrainedBert(nn.Module):
             config = BertConfig.from_pretrained(directory)
         if config_overrides:
             config = BertConfig.from_dict({**config.to_dict(), **config_overrides})
-        # Checked whole before anything is built: the config against the weights file's header (and
-        # the vocabulary), then every tensor name and shape against the class built on the meta device.
-        weights = weights_path(directory)
-        shapes = read_tensor_shapes(weights)
-        check_encoder_shapes(config, shapes, config_source, str(weights))
-        if directory.is_dir() and (directory / VOCAB_NAME).exists():
-            check_vocabulary(directory / VOCAB_NAME, config, config_source)
+        # Checked whole before anything is built: the config against the weights file's header and the
+        # vocabulary, then every tensor name and shape against the class built on the meta device.
+        weights, shapes = _check_checkpoint(directory, config, config_source)
         report = cls._check_tensor_names(config, shapes, config_source, str(weights))
         model = cls(config)
         state_dict, source = read_state_dict(weights)
@@ -354,20 +358,21 @@ class PreTrainedBert(nn.Module):
         with torch.device("meta"):
             expected = {k: tuple(v.shape) for k, v in cls(config).state_dict().items()}
         tensors = _renamed(shapes, cls.base_model_prefix)
-        encoder = (f"{cls.base_model_prefix}." if cls.base_model_prefix else "") + "embeddings.", \
-            (f"{cls.base_model_prefix}." if cls.base_model_prefix else "") + "encoder."
+        prefix = f"{cls.base_model_prefix}." if cls.base_model_prefix else ""
+        encoder = tuple(prefix + part for part in _ENCODER_PARTS)
         mismatched = [f"{key}: checkpoint {tensors[key]}, config {shape}"
                       for key, shape in expected.items() if key in tensors and tensors[key] != shape]
         if mismatched:
             raise ValueError(f"{weights_source}: tensor shapes disagree with {config_source}: " + _some(mismatched))
         unused = [k for k in tensors if k not in expected]
         missing = [k for k in expected if k not in tensors]
-        if [k for k in unused if k.startswith(encoder)]:
+        left_over = [k for k in unused if k.startswith(encoder)]
+        if left_over:
             raise ValueError(f"{weights_source} holds encoder tensors that {config_source} leaves unused: "
-                             + _some([k for k in unused if k.startswith(encoder)]) + "; the config and the weights disagree")
-        if [k for k in missing if k.startswith(encoder)]:
-            raise ValueError(f"{weights_source} lacks encoder tensors that {config_source} needs: "
-                             + _some([k for k in missing if k.startswith(encoder)]))
+                             f"{_some(left_over)}; the config and the weights disagree")
+        lacking = [k for k in missing if k.startswith(encoder)]
+        if lacking:
+            raise ValueError(f"{weights_source} lacks encoder tensors that {config_source} needs: {_some(lacking)}")
         return LoadReport(newly_initialized=missing, unused=unused)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
