@@ -343,9 +343,12 @@ class PreTrainedBert(nn.Module):
         if report.newly_initialized:
             logger.warning("%s: newly initialised from %s (train them before use): %s",
                            cls.__name__, source, ", ".join(report.newly_initialized))
-        if report.unused:
+        # The token-level heads are built without the pooler by design (as in transformers): its tensors
+        # are left out silently; any other tensor left out is said, summarised, in one line.
+        dropped = [k for k in report.unused if not k.startswith(("pooler.", "bert.pooler."))]
+        if dropped:
             logger.warning("%s: %d tensors of %s are not used by this class (another head's weights, left out): %s",
-                           cls.__name__, len(report.unused), source, _groups(report.unused))
+                           cls.__name__, len(dropped), source, _groups(dropped))
         model.load_report = report
         return model.eval()
 

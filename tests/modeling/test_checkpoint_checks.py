@@ -21,7 +21,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel
+from bertforge.modeling import (BertConfig, BertForMaskedLM, BertForPreTraining, BertForSequenceClassification,
+                                BertModel)
 from bertforge.modeling.pretrained import check_pretrained, read_tensor_shapes
 from bertforge.tokenization import BertTokenizer, load_vocab
 
@@ -334,3 +335,16 @@ def test_the_real_checkpoint_passes_every_check(minilm_dir):
     config = check_pretrained(minilm_dir)
     assert (config.num_hidden_layers, config.hidden_size, config.vocab_size) == (6, 384, 30522)
     assert len(load_vocab(minilm_dir)) == 30522
+
+
+def test_a_pretraining_checkpoint_into_the_masked_lm_warns_of_the_nsp_head_only(tmp_path, caplog):
+    """BertForMaskedLM is built without the pooler by design: only the NSP classifier is reported."""
+    torch.manual_seed(7)
+    BertForPreTraining(BertConfig.preset("tiny", vocab_size=64)).save_pretrained(tmp_path / "pretrained")
+    with caplog.at_level(logging.INFO, logger="bertforge"):
+        model = BertForMaskedLM.from_pretrained(tmp_path / "pretrained")
+    warnings = [r.getMessage() for r in caplog.records if r.name == "bertforge" and r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].endswith("left out): cls.seq_relationship.* (2)")
+    assert sorted(model.load_report.unused) == ["bert.pooler.dense.bias", "bert.pooler.dense.weight",
+                                                "cls.seq_relationship.bias", "cls.seq_relationship.weight"]
+    assert model.load_report.newly_initialized == []
