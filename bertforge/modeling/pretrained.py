@@ -2,8 +2,15 @@
 
 Loading never runs code from a checkpoint: safetensors holds only tensors, and `.bin` files are read
 with `torch.load(weights_only=True)`. A base-model checkpoint (keys `embeddings.*`) loads into a head
-class (keys `bert.*`) and the other way round; head weights that the checkpoint lacks are reported
-as newly initialised, and a tensor whose shape disagrees with the config is an error naming it.
+class (keys `bert.*`) and the other way round.
+
+A checkpoint is checked whole before anything is built (`check_pretrained`, and `from_pretrained`
+first of all): config.json's fields, then the layer count and sizes against the weights file's tensor
+names and shapes, read from its header (nothing allocated), vocab.txt against the embedding rows, and
+every tensor name and shape against the class built on the meta device. An encoder tensor missing,
+left over or of another shape means the config and the weights disagree: a ValueError naming the
+field, the files and what the weights hold. Head weights the checkpoint lacks are logged as newly
+initialised, head tensors the class does not use in one WARNING line.
 
 Wherever a model is named, `resolve_model_dir` turns the name into a directory: a local directory as
 given, else a Hugging Face Hub id (`org/name`, optionally `@revision`) fetched through
