@@ -156,7 +156,7 @@ def test_a_huge_layer_count_is_refused_in_well_under_a_second(minilm_copy):
     message = _refused(minilm_copy)
     elapsed = time.perf_counter() - start
     assert "num_hidden_layers is 100000 but" in message and "holds 6 encoder layers" in message
-    assert elapsed < 0.5, f"{elapsed:.2f} s"
+    assert elapsed < 1.0, f"{elapsed:.2f} s"
 
 
 def test_sizes_are_read_from_the_header_without_loading(minilm_dir):
