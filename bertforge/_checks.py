@@ -28,6 +28,9 @@ NON_NEGATIVE = ("weight_decay", "max_grad_norm", "warmup_steps", "num_workers")
 FRACTIONS = {"masked_lm_prob": (False, False), "short_seq_prob": (True, True), "warmup_ratio": (True, False),
              "lstm_dropout": (True, False)}
 
+# The most bytes of a config.json worth reading for its max_position_embeddings.
+MODEL_CONFIG_LIMIT = 16 << 20
+
 
 def flag(name: str) -> str:
     """The command-line spelling of an argparse destination: max_seq_length -> --max-seq-length."""
@@ -39,8 +42,12 @@ def model_positions(model: str | os.PathLike) -> int | None:
     loading the model reports that later with its own message)."""
     path = Path(model) / "config.json"
     try:
+        # Only a regular file of config size is read here: /dev/zero or a FIFO named config.json would never
+        # end (loading the model refuses such a file with its own message).
+        if not path.is_file() or path.stat().st_size > MODEL_CONFIG_LIMIT:
+            return None
         config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     value = config.get("max_position_embeddings", 512) if isinstance(config, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 from pathlib import Path
 
 from ..tasks.registry import family_for_checkpoint, resolve
+from ..tokenization._read import read_json_object
 
 
 def expand(patterns: list[str]) -> list[str]:
@@ -24,11 +24,10 @@ def expand(patterns: list[str]) -> list[str]:
 
 def model_config(model_dir: str) -> dict:
     """A model directory's config.json ({} when absent or unreadable)."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    try:  # (bounded: a config.json that is /dev/zero is refused, not read; loading the model says so)
+        return read_json_object(Path(model_dir) / "config.json", "model config")
     except (OSError, ValueError):
         return {}
-    return config if isinstance(config, dict) else {}
 
 
 def task_family(task: str | None, model_dir: str) -> str | None:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .._files import check_finished
+from ..tokenization._read import read_json_object, shown
 from .hub import resolve_model_dir
 
 CONFIG_NAME = "config.json"
@@ -30,6 +33,54 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+# The fields that count something (tokens, units, layers, labels): whole numbers of at least 1. The
+# upper bound only keeps a typo from reaching torch as a size it cannot allocate or even represent.
+_COUNTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+           "max_position_embeddings", "type_vocab_size", "num_labels")
+_MAX_COUNT = 2**31 - 1
+
+
+def _is_int(value: Any) -> bool:
+    """A whole number as JSON or numpy gives one; `true` is not a count, nor is 64.0."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _checked_labels(id2label: Any) -> dict[int, str] | None:
+    """`id2label` with int keys: an object mapping the ids 0 .. n-1 (as JSON's strings or ints), each
+    once, to distinct label names; ValueError otherwise (a gap would leave a class without a name)."""
+    if id2label is None:
+        return None
+    if not isinstance(id2label, dict) or not id2label:
+        raise ValueError(f'id2label must be a non-empty object {{"0": label, "1": label, ...}}, got {shown(id2label)}')
+    labels: dict[int, str] = {}
+    for key, label in id2label.items():
+        if _is_int(key):
+            index = int(key)
+        elif isinstance(key, str) and key.strip().isdecimal() and key.strip().isascii():
+            index = int(key)
+        else:
+            raise ValueError(f"id2label's keys must be the class ids 0, 1, ..., got {shown(key)}")
+        if not isinstance(label, str):
+            raise ValueError(f"id2label[{shown(key)}] must be a label name (a string), got {shown(label)}")
+        if index in labels:
+            raise ValueError(f"id2label gives class {index} twice")
+        labels[index] = label
+    missing = sorted(set(range(len(labels))) - set(labels))
+    if missing:
+        raise ValueError(f"id2label's ids must be 0 to {len(labels) - 1} without gaps; {missing[0]} is missing "
+                         f"(ids given: {shown(sorted(labels))})")
+    seen: set[str] = set()
+    for name in labels.values():
+        if name in seen:
+            raise ValueError(f"id2label names two classes {shown(name)}; label names must differ")
+        seen.add(name)
+    return dict(sorted(labels.items()))
 
 
 @dataclass
@@ -57,16 +108,47 @@ class BertConfig:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.id2label = _checked_labels(self.id2label)
+        if self.id2label is not None:
+            self.num_labels = len(self.id2label)
+        self.check()
+
+    def check(self) -> None:
+        """Every field's type and range: ValueError naming the first field that cannot work.
+
+        A value of the wrong type (`"512"`, `64.0`, `true` for a count) or out of range (0 layers, a
+        NaN initializer_range, pad_token_id outside the vocabulary) would otherwise fail deep inside the
+        model's construction, or worse, build a model that silently computes something else.
+        """
+        for name in _COUNTS:
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ValueError(f"{name} must be a whole number of at least 1, got {shown(value)}")
+            if value > _MAX_COUNT:
+                raise ValueError(f"{name} must be at most {_MAX_COUNT:,}, got {value:,}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of num_attention_heads "
                 f"({self.num_attention_heads})"
             )
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not one of {ACTIVATIONS}")
-        if self.id2label is not None:
-            self.id2label = {int(k): v for k, v in self.id2label.items()}
-            self.num_labels = len(self.id2label)
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act {shown(self.hidden_act)} is not one of {ACTIVATIONS}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout"):
+            value = getattr(self, name)
+            if value is None and name == "classifier_dropout":
+                continue
+            if not _is_real(value) or not 0 <= value < 1:
+                raise ValueError(f"{name} must be a number in [0, 1), got {shown(value)}")
+        for name in ("initializer_range", "layer_norm_eps"):
+            value = getattr(self, name)
+            if not _is_real(value) or not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number above 0, got {shown(value)}")
+        if self.pad_token_id is not None and (not _is_int(self.pad_token_id)
+                                              or not 0 <= self.pad_token_id < self.vocab_size):
+            raise ValueError(f"pad_token_id must be a token id, from 0 to vocab_size - 1 "
+                             f"({self.vocab_size - 1}), or null, got {shown(self.pad_token_id)}")
+        if not isinstance(self.is_causal, bool):
+            raise ValueError(f"is_causal must be true or false, got {shown(self.is_causal)}")
 
     @property
     def head_size(self) -> int:
@@ -89,9 +171,14 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+        if not isinstance(values, dict):
+            raise ValueError(f"a config must be a JSON object, not {type(values).__name__}")
         values = dict(values)
         known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        extra = dict(values.pop("extra", {}))
+        extra = values.pop("extra", {})
+        if not isinstance(extra, dict):
+            raise ValueError(f"extra must be an object, got {shown(extra)}")
+        extra = dict(extra)
         kwargs = {key: value for key, value in values.items() if key in known}
         extra.update({key: value for key, value in values.items() if key not in known})
         # transformers writes label2id beside id2label; it is derived, so not kept twice.
@@ -119,13 +206,13 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike) -> "BertConfig":
+        """The config in a `config.json`: ValueError naming the file and the field at fault if the file
+        is not a regular file of JSON (bounded in size: a link to /dev/zero is refused, not read) or a
+        field's type or range is wrong."""
         path = Path(path)
-        if not path.is_file():
+        if not path.exists():
             raise FileNotFoundError(f"config file not found: {path}")
-        try:
-            values = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from None
+        values = read_json_object(path, "model config")
         try:
             return cls.from_dict(values)
         except (TypeError, ValueError) as error:

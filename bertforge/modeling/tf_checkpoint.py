@@ -22,6 +22,7 @@ from safetensors.numpy import save_file
 from tqdm.auto import tqdm
 
 from .._files import atomic_path, write_text_atomic
+from ..tokenization._read import read_json_object
 from .tf_bundle import _Bundle, _masked_crc32c, read_tf_checkpoint  # noqa: F401 (re-exported)
 
 __all__ = ["convert_tf_checkpoint", "map_tf_name", "read_tf_checkpoint"]
@@ -170,9 +171,9 @@ def _expected_shapes(config: dict, heads: set[str], num_labels: int) -> dict[str
 
 
 def _read_config(path: Path) -> dict:
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"BERT config file not found: {path}")
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = read_json_object(path, "BERT config")  # (bounded: a link to /dev/zero is refused, not read)
     missing = [key for key in _CONFIG_KEYS if key not in config]
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}: not a bert_config.json?")

@@ -33,7 +33,7 @@ import torch
 
 from .._files import write_text_atomic
 from ..modeling import BertForMultipleChoice, load_for_inference
-from ..modeling.pretrained import resolve_model_dir
+from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .arrays import pad_inputs, softmax
@@ -271,6 +271,7 @@ def multiple_choice_task(model_dir: str | os.PathLike, train_file: str | os.Path
                          max_train_examples: int | None = None):
     """The `FinetuneTask` of a SWAG-layout task: `BertForMultipleChoice` on the pre-trained encoder, accuracy on
     dev (main metric), and OUT/dev_predictions.jsonl from the best model. `eval_batch_size` counts examples."""
+    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_swag_file(train_file, max_examples=max_train_examples)
     dev = read_swag_file(dev_file)

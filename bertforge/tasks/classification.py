@@ -24,7 +24,7 @@ from .._files import read_text, write_text_atomic
 from ..metrics.glue import accuracy, pearson, spearman
 from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
 from ..modeling.modes import evaluating
-from ..modeling.pretrained import resolve_model_dir
+from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .arrays import softmax
@@ -118,6 +118,7 @@ def classification_task(name: str, model_dir: str | os.PathLike, train_examples:
     (`convert_examples_to_window_features`), each a training feature with the example's label; an
     example's prediction is the mean of its windows' logits. "truncate" (default): Google's truncation.
     """
+    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     regression = label_list is None
     train_features = _convert(train_examples, tokenizer, label_list, max_seq_length, long_input, window_stride)

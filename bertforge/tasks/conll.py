@@ -24,7 +24,6 @@ What fine-tuning (`bertforge.tasks.tagging`) and the feature-based approach
 from __future__ import annotations
 
 import io
-import json
 import logging
 import os
 import re
@@ -36,8 +35,9 @@ import torch
 from seqeval.metrics.sequence_labeling import get_entities
 
 from .._files import check_finished, read_text, write_text_atomic
-from ..modeling.pretrained import resolve_model_dir
+from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
+from ..tokenization._read import read_json_object
 from .arrays import pad_inputs, pad_rows
 
 logger = logging.getLogger("bertforge")
@@ -340,6 +340,7 @@ def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike
 
     `max_train_examples` keeps the first N training sentences (document context then comes from those).
     """
+    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_conll(train_file)
     if max_train_examples is not None:
@@ -362,9 +363,9 @@ def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike
 def read_model_config(model_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(model_dir) / "config.json"
     check_finished(model_dir)  # a failed or killed run's model is not a finished one
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"no config.json in {model_dir}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json_object(path, "model config")
 
 
 def _looks_labelled(path: Path, labels: Sequence[str]) -> bool:

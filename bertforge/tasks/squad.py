@@ -43,7 +43,7 @@ from .._files import write_text_atomic
 from ..metrics.squad import evaluate_v1, evaluate_v2, squad_metrics
 from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
 from ..modeling.modes import evaluating
-from ..modeling.pretrained import resolve_model_dir
+from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .squad_data import (MAX_UNALIGNED_FRACTION, VERSIONS, SquadExample, SquadFeatures, SquadFile, SquadSettings,
@@ -106,6 +106,7 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
     settings = settings or SquadSettings()
     settings.check()
     v2 = version == "2.0"
+    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train, dev = read_squad_file(train_file), read_squad_file(dev_file)
     for data in (train, dev):

@@ -20,6 +20,7 @@ from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizer
 
 from .._files import check_finished
 from ._divergent import DIVERGENT_RANGES
+from ._read import read_json_object, shown
 from .reference import ReferenceTokenizer
 from .vocab import CLS, MASK, PAD, SEP, SPECIAL_TOKENS, UNK, VOCAB_NAME, load_vocab, looks_cased, save_vocab
 
@@ -42,6 +43,33 @@ _DIVERGENT_BMP = re.compile("[" + "".join(f"{re.escape(chr(a))}-{re.escape(chr(m
 _ASTRAL = re.compile("[\U00010000-\U0010FFFF]")
 # No ASCII character diverges, so ASCII text (nearly all English text) skips the regex search.
 _ASCII_FAST = all(a > 0x7F for a, _ in DIVERGENT_RANGES)
+
+
+# transformers writes int(1e30) as model_max_length for "no limit"; any value above this means that.
+_NO_LIMIT = 1_000_000
+
+
+def _checked_settings(stored: dict, path: Path) -> dict:
+    """The settings bertforge reads from a `tokenizer_config.json`, each checked for its type and range:
+    ValueError naming the key and the file (a string "yes" for do_lower_case would silently mean true)."""
+    settings = {}
+    for key in ("do_lower_case", "strip_accents"):
+        if key in stored:
+            value = stored[key]
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{path}: {key} must be true, false or null, got {shown(value)}")
+            settings[key] = value
+    for key in ("max_input_chars_per_word", "model_max_length"):
+        if key not in stored:
+            continue
+        value = stored[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key == "model_max_length" and number and value > _NO_LIMIT:
+            continue  # transformers' "no limit" sentinel: keep bertforge's default
+        if not number or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{path}: {key} must be a whole number of at least 1, got {shown(value)}")
+        settings[key] = value
+    return settings
 
 
 class BertTokenizer:
@@ -100,16 +128,9 @@ class BertTokenizer:
         check_finished(directory)  # a failed or killed run's directory is not a finished model
         settings = {"do_lower_case": None}  # no config: guess from the vocabulary
         config_file = directory / TOKENIZER_CONFIG_NAME
-        if config_file.is_file():
-            try:
-                stored = json.loads(config_file.read_text(encoding="utf-8"))
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{config_file}: not valid JSON ({error})") from None
-            for key in ("do_lower_case", "strip_accents", "max_input_chars_per_word", "model_max_length"):
-                if key in stored:
-                    settings[key] = stored[key]
-            if settings.get("model_max_length", 0) > 1_000_000:  # transformers' "no limit" sentinel
-                del settings["model_max_length"]
+        if config_file.exists():
+            stored = read_json_object(config_file, "tokenizer config")
+            settings.update(_checked_settings(stored, config_file))
         settings.update(kwargs)
         return cls(directory / VOCAB_NAME, **settings)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from ._read import VOCAB_LIMIT, decode_utf8, read_bounded
 from .reference import is_chinese_char, is_control, is_punctuation, is_whitespace
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -19,17 +21,25 @@ VOCAB_NAME = "vocab.txt"
 def load_vocab(path: str | os.PathLike) -> dict[str, int]:
     """token -> id, one token per line, id = line number (as Google's `load_vocab`).
 
-    Raises if a BERT special token is missing: without them no input can be built.
+    Raises ValueError naming the file if a BERT special token is missing (without them no input can be
+    built) or a token appears on two lines: Google's reader then silently gives the token the later
+    line's id, so every id the model learnt for it is wrong. The file must be a regular UTF-8 file of
+    at most `VOCAB_LIMIT` bytes.
     """
     path = Path(path)
     if path.is_dir():
         path = path / VOCAB_NAME
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(f"vocabulary file not found: {path}")
+    text = decode_utf8(read_bounded(path, VOCAB_LIMIT, "vocabulary file"), path)
     vocab: dict[str, int] = {}
-    with open(path, encoding="utf-8") as handle:
-        for index, line in enumerate(handle):
-            vocab[line.strip()] = index
+    # Lines as a text-mode file reads them (\n, \r\n or \r ends one), stripped, as Google's load_vocab.
+    for index, line in enumerate(io.StringIO(text, newline=None)):
+        token = line.strip()
+        if token in vocab:
+            raise ValueError(f"{path}: line {index + 1} repeats the token {token!r} of line {vocab[token] + 1}; "
+                             "each token must appear once (a token's id is its line number)")
+        vocab[token] = index
     missing = [token for token in SPECIAL_TOKENS if token not in vocab]
     if missing:
         raise ValueError(f"{path}: the vocabulary lacks the special token(s) {', '.join(missing)}; "
