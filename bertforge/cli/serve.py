@@ -7,6 +7,9 @@ import importlib
 
 import torch
 
+from ..serving.limits import RequestLimits
+from ..serving.server_settings import ServerSettings
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("serve", help="HTTP server: JSON API with micro-batching, metrics and a test page")
@@ -31,6 +34,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chars", type=int, default=10_000, help="characters per input text (413 over it)")
     p.add_argument("--body-timeout", type=float, default=10.0,
                    help="seconds to receive a request's whole body (408 and the connection closed after)")
+    p.add_argument("--header-timeout", type=float, default=ServerSettings.header_timeout_s,
+                   help="seconds to receive a request's headers (the connection is closed after)")
+    p.add_argument("--max-connections", type=int, default=ServerSettings.max_connections,
+                   help="open connections (more are answered 503 and closed)")
+    p.add_argument("--max-top-k", type=int, default=RequestLimits.max_top_k, help="fill-mask top_k per request")
+    p.add_argument("--max-predictions", type=int, default=RequestLimits.max_predictions,
+                   help="fill-mask [MASK]s x top_k per request")
+    p.add_argument("--max-rows", type=int, default=RequestLimits.max_rows,
+                   help="model input rows per request (texts x windows, contexts x endings)")
+    p.add_argument("--min-stride-fraction", type=float, default=RequestLimits.min_stride_fraction,
+                   help="smallest tag stride / answer doc_stride, as a fraction of the model's input length")
     p.add_argument("--num-threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to finish in-flight requests on shutdown")
@@ -55,7 +69,11 @@ def run(args: argparse.Namespace) -> None:
     tasks = [t for value in args.task or [] for t in value.split(",") if t]
     settings = ServerSettings(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
                               micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
-                              max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout)
+                              max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout,
+                              header_timeout_s=args.header_timeout, max_connections=args.max_connections,
+                              limits=RequestLimits(max_top_k=args.max_top_k, max_predictions=args.max_predictions,
+                                                   max_rows=args.max_rows,
+                                                   min_stride_fraction=args.min_stride_fraction))
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     serve(args.model, tasks or None, host=args.host, port=args.port, settings=settings, backend=args.backend,

@@ -29,6 +29,13 @@ class ServerSettings:
     backend: str = "torch"
     dtype: str = "fp32"
 
+    def __post_init__(self) -> None:
+        for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s", "max_connections"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.max_drain_bytes < 0:
+            raise ValueError(f"max_drain_bytes must be at least 0, got {self.max_drain_bytes!r}")
+
 
 class ApiError(Exception):
     """A request the server refuses: `status` and the one-line `reason` the client gets. `close`: end
