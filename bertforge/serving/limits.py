@@ -8,8 +8,10 @@ the server answers with 422). Every check runs before the forward pass:
   [MASK]s of its texts times `top_k`, at most `max_predictions` (this bounds the response size).
 - tag `stride` and answer `doc_stride`: at least `min_stride_fraction` of the model's input length
   (`max_length`), so that a text yields a bounded number of windows.
-- model rows of a call (texts x windows for tag and answer, contexts x endings for multiple choice,
-  one per text elsewhere): at most `max_rows`, counted before any row is built.
+- model rows of a call where inputs multiply into rows (texts x windows for tag and answer,
+  contexts x endings for multiple choice): at most `max_rows`, counted before any row is built.
+  (Elsewhere a text is one row: the server bounds them with `max_texts`.) A long offline job through
+  the API passes `limits=RequestLimits(max_rows=...)` to its pipeline, or calls it in parts.
 """
 
 from __future__ import annotations

@@ -223,7 +223,10 @@ class Pipeline:
 
     def check_rows(self, rows: int, what: str = "texts") -> None:
         """PipelineInputError when a call needs more than `limits.max_rows` model rows: counted
-        before the rows are built, so an oversized call costs no forward pass."""
+        before the rows are built, so an oversized call costs no forward pass. The pipelines whose
+        inputs multiply into rows check it (tag and answer: windows, multiple choice: endings); one
+        row per text (classify, embed, fill-mask) is bounded by the number of texts the caller sends
+        (on the server: `max_texts`)."""
         if rows > self.limits.max_rows:
             raise PipelineInputError(f"the inputs need {rows} model rows ({what}), over the limit of "
                                      f"{self.limits.max_rows} per call (max_rows): send fewer or shorter inputs")
@@ -261,7 +264,6 @@ class Pipeline:
         self.check_options(**options)
         inputs = self.check_inputs(inputs)
         features = self.preprocess(*inputs, **options)
-        self.check_rows(len(features))
         outputs = self.run(features, batch_size)
         return self.postprocess(inputs, features, outputs, **options)
 
