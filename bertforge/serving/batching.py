@@ -3,12 +3,17 @@
 A request's inputs join a queue; one collector takes whatever compatible requests (same pipeline and
 options) arrive within `max_wait_ms` of the first, up to `max_batch_size` inputs, and runs them as one
 pipeline call on the single model thread, so the event loop never runs the model.
+
+Which waiting request goes first: the cheapest by order of magnitude (the characters of its inputs,
+in powers of two), the oldest among equals. A short request then waits for the call on the model
+thread, not for every large request queued before it; large requests of one size keep their order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +39,17 @@ class _Job:
     options: dict[str, Any]
     size: int
     future: asyncio.Future = field(repr=False)
+    cost: int = 0  # characters of its inputs: how much work it brings, roughly
+    order: int = 0  # arrival
+
+    @property
+    def priority(self) -> tuple[int, int]:
+        """Cheaper by a power of two first; then first come, first served."""
+        return self.cost.bit_length(), self.order
+
+
+def _characters(value: Any) -> int:
+    return len(value) if isinstance(value, str) else sum(_characters(v) for v in value)
 
 
 def _freeze(value: Any) -> Any:
@@ -50,6 +66,7 @@ class MicroBatcher:
         self.task: asyncio.Task | None = None
         self.pending: collections.deque[_Job] = collections.deque()
         self._busy = False  # a batch is on the model thread
+        self._arrivals = itertools.count()
 
     async def start(self) -> None:
         self.queue = asyncio.Queue()
@@ -72,11 +89,20 @@ class MicroBatcher:
         size = len(inputs[pipe.request_inputs[0]])
         key = (task, tuple(sorted(inputs)), tuple(sorted((k, _freeze(v)) for k, v in options.items())))
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(task, key, inputs, options, size, future))
+        cost = sum(_characters(value) for value in inputs.values())
+        await self.queue.put(_Job(task, key, inputs, options, size, future, cost, next(self._arrivals)))
         return await future
 
     async def _next_batch(self) -> list[_Job]:
-        first = self.pending.popleft() if self.pending else await self.queue.get()
+        while True:  # every job waiting joins `pending`, where the cheapest is picked
+            try:
+                self.pending.append(self.queue.get_nowait())
+            except asyncio.QueueEmpty:
+                break
+        if not self.pending:
+            self.pending.append(await self.queue.get())
+        first = min(self.pending, key=lambda job: job.priority)
+        self.pending.remove(first)
         batch, size = [first], first.size
         if not self.settings.micro_batching:
             return batch

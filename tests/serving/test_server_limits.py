@@ -8,6 +8,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -274,3 +275,34 @@ def test_an_over_limit_body_is_answered_413_readably(classify_only):
         assert refused.value.code == 413 and b"exceeds the limit" in refused.value.read()
         with httpx.Client(base_url=server.url, timeout=10) as http_client:
             assert http_client.post("/v1/classify", json={"texts": ["a good film"]}).status_code == 200
+
+
+def test_a_short_request_does_not_wait_for_every_large_one_queued_before_it(pipes):
+    """The issue's 10-word request queued behind four large ones: the batcher takes the cheapest
+    waiting request first, so it waits only for the call already on the model thread."""
+    classify = pipes["classify"]
+
+    def slow(batch):
+        time.sleep(0.4)
+        return classify.runner(batch)
+
+    app = create_app({"classify": pipeline("classify", model=classify.model_dir, runner=slow)},
+                     ServerSettings(micro_batching=False))
+    done: dict[str, float] = {}
+
+    def send(name: str, texts: list[str]) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http_client:
+            assert http_client.post("/v1/classify", json={"texts": texts}).status_code == 200
+        done[name] = time.monotonic()
+
+    large = ["a good film " * 30] * 4
+    with LiveServer(app) as server:
+        threads = []
+        for name, texts, pause in (("large0", large, 0.2), ("large1", large, 0.05), ("large2", large, 0.05),
+                                   ("large3", large, 0.05), ("short", ["a good film"], 0)):
+            threads.append(threading.Thread(target=send, args=(name, texts)))
+            threads[-1].start()
+            time.sleep(pause)
+        for thread in threads:
+            thread.join(60)
+    assert done["short"] < min(done[f"large{i}"] for i in (1, 2, 3)), done
