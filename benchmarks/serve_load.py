@@ -411,9 +411,10 @@ class SlowSockets:
 
 
 def at_limits_load(port: int, bodies: dict[str, bytes], clients: int, duration: float, small_every: float,
-                   warmup: float, pid: int) -> dict:
+                   warmup: float, pid: int, drain: float = 30.0) -> dict:
     """`clients` threads sending the at-limit bodies in turn, plus one thread sending the small request
-    every `small_every` seconds; RSS after `warmup` seconds and at the end."""
+    every `small_every` seconds; RSS after `warmup` seconds and at the end of `duration`; answers still
+    outstanding `drain` seconds after the end are left (counted in `in_flight_at_end`)."""
     lock = threading.Lock()
     counts: dict[str, dict[str, int]] = {name: {} for name in bodies}
     examples: list[str] = []
@@ -470,16 +471,22 @@ def at_limits_load(port: int, bodies: dict[str, bytes], clients: int, duration: 
         thread.start()
     time.sleep(min(warmup, duration))
     rss_warm = rss_bytes(pid)
-    for thread in threads:
-        thread.join(max(0.0, stop_at - time.monotonic()) + 900)
+    time.sleep(max(0.0, stop_at - time.monotonic()))
     rss_end = rss_bytes(pid)
-    small.sort()
+    for thread in threads:  # requests still queued at the end are not waited for beyond `drain` seconds
+        thread.join(max(0.0, stop_at + drain - time.monotonic()))
+    with lock:  # a snapshot: threads still waiting for an answer may add to them
+        small = sorted(small)
+        counts = {name: dict(per) for name, per in counts.items()}
+        examples, small_failed = list(examples), dict(small_failed)
+        in_flight = sum(thread.is_alive() for thread in threads)
 
     def percentile(q: float) -> float | None:
         return round(small[min(len(small) - 1, int(q * len(small)))] * 1000, 1) if small else None
 
     statuses = [status for per in counts.values() for status in per]
     return {"seconds": round(time.perf_counter() - started, 1), "requests": counts, "error_examples": examples,
+            "in_flight_at_end": in_flight,
             "five_xx": sum(n for per in counts.values() for status, n in per.items() if status.startswith("5")),
             "refused_4xx": sum(n for per in counts.values() for status, n in per.items() if status.startswith("4")),
             "connection_errors": sum(per.get("connection_error", 0) for per in counts.values()),
