@@ -306,3 +306,12 @@ def test_a_short_request_does_not_wait_for_every_large_one_queued_before_it(pipe
         for thread in threads:
             thread.join(60)
     assert done["short"] < min(done[f"large{i}"] for i in (1, 2, 3)), done
+
+
+def test_settings_out_of_range_are_refused_in_one_line():
+    with pytest.raises(ValueError, match="header_timeout_s must be positive, got 0"):
+        ServerSettings(header_timeout_s=0)
+    with pytest.raises(ValueError, match="max_rows must be a positive integer, got 0"):
+        RequestLimits(max_rows=0)
+    with pytest.raises(ValueError, match=r"min_stride_fraction must lie in \[0, 1\]"):
+        RequestLimits(min_stride_fraction=2)
