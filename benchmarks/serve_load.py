@@ -36,6 +36,7 @@ p99 <= `--max-small-p99-ms`.
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import http.client
 import json
@@ -97,10 +98,14 @@ class Server:
         if args.dtype:
             command += ["--dtype", args.dtype]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its log read as it comes (a full pipe would stop the server), the last lines kept for errors.
+        self.log_tail: collections.deque[str] = collections.deque(maxlen=40)
+        threading.Thread(target=lambda: self.log_tail.extend(self.process.stderr), daemon=True).start()
         deadline = time.monotonic() + args.startup_timeout
         while True:
             if self.process.poll() is not None:
-                raise SystemExit(f"the server exited with {self.process.returncode}: {self.process.stderr.read()}")
+                time.sleep(0.5)  # the log's last lines
+                raise SystemExit(f"the server exited with {self.process.returncode}: {''.join(self.log_tail)}")
             try:
                 connection = http.client.HTTPConnection(HOST, self.port, timeout=5)
                 connection.request("GET", "/health")
@@ -475,24 +480,24 @@ def at_limits_load(port: int, bodies: dict[str, bytes], clients: int, duration: 
     rss_end = rss_bytes(pid)
     for thread in threads:  # requests still queued at the end are not waited for beyond `drain` seconds
         thread.join(max(0.0, stop_at + drain - time.monotonic()))
-    with lock:  # a snapshot: threads still waiting for an answer may add to them
-        small = sorted(small)
-        counts = {name: dict(per) for name, per in counts.items()}
-        examples, small_failed = list(examples), dict(small_failed)
+    with lock:  # what the run got: answers that come later (or end in the shutdown) do not count
+        latencies = sorted(small)
+        got = {name: dict(per) for name, per in counts.items()}
+        errors, small_errors = list(examples), dict(small_failed)
         in_flight = sum(thread.is_alive() for thread in threads)
 
     def percentile(q: float) -> float | None:
-        return round(small[min(len(small) - 1, int(q * len(small)))] * 1000, 1) if small else None
+        return round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1000, 1) if latencies else None
 
-    statuses = [status for per in counts.values() for status in per]
-    return {"seconds": round(time.perf_counter() - started, 1), "requests": counts, "error_examples": examples,
+    statuses = [status for per in got.values() for status in per]
+    return {"seconds": round(time.perf_counter() - started, 1), "requests": got, "error_examples": errors,
             "in_flight_at_end": in_flight,
-            "five_xx": sum(n for per in counts.values() for status, n in per.items() if status.startswith("5")),
-            "refused_4xx": sum(n for per in counts.values() for status, n in per.items() if status.startswith("4")),
-            "connection_errors": sum(per.get("connection_error", 0) for per in counts.values()),
-            "small_requests": len(small), "small_failed": small_failed,
+            "five_xx": sum(n for per in got.values() for status, n in per.items() if status.startswith("5")),
+            "refused_4xx": sum(n for per in got.values() for status, n in per.items() if status.startswith("4")),
+            "connection_errors": sum(per.get("connection_error", 0) for per in got.values()),
+            "small_requests": len(latencies), "small_failed": small_errors,
             "small_p50_ms": percentile(0.50), "small_p99_ms": percentile(0.99),
-            "small_max_ms": round(small[-1] * 1000, 1) if small else None,
+            "small_max_ms": round(latencies[-1] * 1000, 1) if latencies else None,
             "rss_after_warmup_mb": round(rss_warm / 2**20, 1) if rss_warm else None,
             "rss_end_mb": round(rss_end / 2**20, 1) if rss_end else None,
             "rss_growth_pct": round(100 * (rss_end - rss_warm) / rss_warm, 2) if rss_warm and rss_end else None,
