@@ -5,14 +5,18 @@ options) arrive within `max_wait_ms` of the first, up to `max_batch_size` inputs
 pipeline call on the single model thread, so the event loop never runs the model.
 
 Which waiting request goes first: the cheapest by order of magnitude (the characters of its inputs,
-in powers of two), the oldest among equals. A short request then waits for the call on the model
-thread, not for every large request queued before it; large requests of one size keep their order.
+in powers of two), the oldest among equals; large requests of one size keep their order. A call
+already on the model thread lets a cheaper request in too: between two of its forward batches (each
+at most `max_batch_tokens` padded tokens) the model thread runs the cheapest waiting request, alone,
+if it is cheaper by a power of two. So a short request waits for one forward batch, not for the
+large requests queued before it nor for the whole of a large call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import time
@@ -67,8 +71,11 @@ class MicroBatcher:
         self.pending: collections.deque[_Job] = collections.deque()
         self._busy = False  # a batch is on the model thread
         self._arrivals = itertools.count()
+        self._loop_ref: asyncio.AbstractEventLoop | None = None
+        self._inline = False  # the model thread is running a request between two batches of another
 
     async def start(self) -> None:
+        self._loop_ref = asyncio.get_running_loop()
         self.queue = asyncio.Queue()
         self.task = asyncio.create_task(self._loop(), name="bertforge-batcher")
 
@@ -93,12 +100,54 @@ class MicroBatcher:
         await self.queue.put(_Job(task, key, inputs, options, size, future, cost, next(self._arrivals)))
         return await future
 
-    async def _next_batch(self) -> list[_Job]:
-        while True:  # every job waiting joins `pending`, where the cheapest is picked
+    def _collect(self) -> None:
+        """Every job waiting in the queue joins `pending`, where the cheapest is picked."""
+        while True:
             try:
                 self.pending.append(self.queue.get_nowait())
             except asyncio.QueueEmpty:
-                break
+                return
+
+    async def _take_cheaper(self, priority: tuple[int, int]) -> _Job | None:
+        """The cheapest waiting job if it is cheaper than `priority` by a power of two, taken off the queue."""
+        self._collect()
+        if not self.pending:
+            return None
+        job = min(self.pending, key=lambda waiting: waiting.priority)
+        if job.priority[0] >= priority[0]:
+            return None
+        self.pending.remove(job)
+        return job
+
+    def _settle(self, job: _Job, result: Any, seconds: float) -> None:
+        """On the event loop: a job run between the batches of another gets its result."""
+        self.metrics.forward_seconds.observe(seconds)
+        self.metrics.batch_size.observe(job.size)
+        if job.future.done():  # the client went away
+            return
+        if isinstance(result, Exception):
+            job.future.set_exception(result)
+        else:
+            job.future.set_result(result)
+
+    def _run_cheaper(self, priority: tuple[int, int]) -> None:
+        """On the model thread, between two forward batches of a call of `priority`: run the
+        cheapest waiting job first if it is cheaper by a power of two (one per gap, never nested)."""
+        job = asyncio.run_coroutine_threadsafe(self._take_cheaper(priority), self._loop_ref).result()
+        if job is None:
+            return
+        start = time.perf_counter()
+        self._inline = True
+        try:
+            result = self._run_batch([job])[0]
+        except Exception as error:  # noqa: BLE001 - handed to the request
+            result = error
+        finally:
+            self._inline = False
+        self._loop_ref.call_soon_threadsafe(self._settle, job, result, time.perf_counter() - start)
+
+    async def _next_batch(self) -> list[_Job]:
+        self._collect()
         if not self.pending:
             self.pending.append(await self.queue.get())
         first = min(self.pending, key=lambda job: job.priority)
@@ -175,7 +224,12 @@ class MicroBatcher:
         pipe = self.pipelines[first.task]
         merged = {name: [text for job in batch for text in job.inputs[name]] for name in first.inputs}
         positional = [merged.pop(name) for name in pipe.request_inputs]
-        results = pipe(*positional, batch_size=self.settings.max_batch_size, **merged, **first.options)
+        previous = pipe.between_batches  # a job run inline may use the pipeline of the call it interrupts
+        pipe.between_batches = None if self._inline else functools.partial(self._run_cheaper, first.priority)
+        try:
+            results = pipe(*positional, batch_size=self.settings.max_batch_size, **merged, **first.options)
+        finally:
+            pipe.between_batches = previous
         out, start = [], 0
         for job in batch:
             part = results[start:start + job.size]

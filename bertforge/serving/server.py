@@ -226,6 +226,8 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
     """The ASGI application serving `pipelines` (task name -> pipeline)."""
     settings = settings or ServerSettings()
     pipelines = {task: pipe.with_limits(settings.limits) for task, pipe in pipelines.items()}
+    for pipe in pipelines.values():  # copies: the caller's pipelines keep their own batching
+        pipe.max_batch_tokens = settings.max_batch_tokens
     metrics = Metrics()
     batcher = MicroBatcher(pipelines, settings, metrics)
     page = resources.files("bertforge.serving").joinpath("static/index.html").read_text(encoding="utf-8")

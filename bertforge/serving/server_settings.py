@@ -14,6 +14,7 @@ class ServerSettings:
     the pipelines' API applies."""
 
     max_batch_size: int = 32  # inputs per forward pass
+    max_batch_tokens: int = 4096  # padded tokens per forward batch: a cheaper request waits for one at most
     max_wait_ms: float = 5.0  # how long the first request of a batch waits for company
     micro_batching: bool = True
     max_body_bytes: int = 1 << 20

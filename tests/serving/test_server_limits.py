@@ -283,7 +283,7 @@ def test_a_short_request_does_not_wait_for_every_large_one_queued_before_it(pipe
     classify = pipes["classify"]
 
     def slow(batch):
-        time.sleep(0.4)
+        time.sleep(1.0)  # long enough for every request below to be queued during the first
         return classify.runner(batch)
 
     app = create_app({"classify": pipeline("classify", model=classify.model_dir, runner=slow)},
@@ -315,3 +315,34 @@ def test_settings_out_of_range_are_refused_in_one_line():
         RequestLimits(max_rows=0)
     with pytest.raises(ValueError, match=r"min_stride_fraction must lie in \[0, 1\]"):
         RequestLimits(min_stride_fraction=2)
+
+
+def test_a_short_request_is_run_between_the_forward_batches_of_a_large_call(pipes):
+    """A large call on the model thread lets a cheaper request run between two of its forward
+    batches: the short request is answered long before the large one."""
+    classify = pipes["classify"]
+    batches: list[int] = []
+
+    def slow(batch):
+        batches.append(len(batch["input_ids"]))
+        time.sleep(0.3)
+        return classify.runner(batch)
+
+    app = create_app({"classify": pipeline("classify", model=classify.model_dir, runner=slow)},
+                     ServerSettings(max_batch_size=2, max_wait_ms=0))
+    done: dict[str, float] = {}
+
+    def send(name: str, texts: list[str]) -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http_client:
+            r = http_client.post("/v1/classify", json={"texts": texts})
+            assert r.status_code == 200 and len(r.json()["results"]) == len(texts)
+        done[name] = time.monotonic()
+
+    with LiveServer(app) as server:
+        large = threading.Thread(target=send, args=("large", ["a good film " * 20] * 10))  # 5 batches of 2
+        large.start()
+        time.sleep(0.45)  # the large call is in its second batch
+        send("short", ["a good film"])
+        large.join(60)
+    assert done["large"] - done["short"] > 0.5, done
+    assert sorted(batches) == [1] + [2] * 5  # the short request ran alone, between two of the large call's

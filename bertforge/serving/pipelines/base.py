@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -267,16 +267,32 @@ class Pipeline:
         outputs = self.run(features, batch_size)
         return self.postprocess(inputs, features, outputs, **options)
 
+    # Padded tokens per forward batch (None: `batch_size` rows whatever their length). The server sets
+    # it, so that one forward batch stays short and `between_batches` comes often.
+    max_batch_tokens: int | None = None
+    # Called on the calling thread between two forward batches of a call: the server runs a cheaper
+    # waiting request there, so that it waits for one forward batch, not for a whole large call.
+    between_batches: Callable[[], None] | None = None
+
     def run(self, features: Sequence[Feature], batch_size: int) -> list[dict[str, np.ndarray]]:
         """Each feature's outputs (its row of every output), running shortest-first batches so that
-        a batch pads to similar lengths."""
+        a batch pads to similar lengths; each batch at most `batch_size` rows and, when set,
+        `max_batch_tokens` padded tokens (but at least one row)."""
         results: list[dict[str, np.ndarray]] = [{} for _ in features]
         order = sorted(range(len(features)), key=lambda i: len(features[i].input_ids))
-        for start in range(0, len(order), batch_size):
-            indexes = order[start:start + batch_size]
+        start = 0
+        while start < len(order):
+            end = min(len(order), start + batch_size)
+            if self.max_batch_tokens is not None:  # sorted by length: the last row is the longest
+                while end - start > 1 and (end - start) * len(features[order[end - 1]].input_ids) > self.max_batch_tokens:
+                    end -= 1
+            indexes = order[start:end]
             outputs = self.runner(self.collate([features[i] for i in indexes]))
             for row, index in enumerate(indexes):
                 results[index] = {name: value[row] for name, value in outputs.items()}
+            start = end
+            if start < len(order) and self.between_batches is not None:
+                self.between_batches()
         return results
 
     def collate(self, features: Sequence[Feature]) -> Batch:
