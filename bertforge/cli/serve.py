@@ -27,6 +27,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "for speed at a small cost in accuracy (default fp32, exact)")
     p.add_argument("--max-length", type=int, help="tokens per model input (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=32, help="inputs per forward pass")
+    p.add_argument("--max-batch-tokens", type=int, default=ServerSettings.max_batch_tokens,
+                   help="padded tokens per forward batch: a short request waits for one such batch at most")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits to be batched")
     p.add_argument("--no-micro-batching", action="store_true", help="one forward pass per request")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> None:
     from ..serving.server import ServerSettings, serve  # optional extra
 
     tasks = [t for value in args.task or [] for t in value.split(",") if t]
-    settings = ServerSettings(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+    settings = ServerSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
+                              max_wait_ms=args.max_wait_ms,
                               micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
                               max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout,
                               header_timeout_s=args.header_timeout, max_connections=args.max_connections,

@@ -31,7 +31,7 @@ class ServerSettings:
     dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s", "max_connections"):
+        for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s", "max_connections", "max_batch_tokens"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
         if self.max_drain_bytes < 0:
