@@ -71,11 +71,11 @@ class MicroBatcher:
         self.pending: collections.deque[_Job] = collections.deque()
         self._busy = False  # a batch is on the model thread
         self._arrivals = itertools.count()
-        self._loop_ref: asyncio.AbstractEventLoop | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._inline = False  # the model thread is running a request between two batches of another
 
     async def start(self) -> None:
-        self._loop_ref = asyncio.get_running_loop()
+        self._event_loop = asyncio.get_running_loop()
         self.queue = asyncio.Queue()
         self.task = asyncio.create_task(self._loop(), name="bertforge-batcher")
 
@@ -133,7 +133,7 @@ class MicroBatcher:
     def _run_cheaper(self, priority: tuple[int, int]) -> None:
         """On the model thread, between two forward batches of a call of `priority`: run the
         cheapest waiting job first if it is cheaper by a power of two (one per gap, never nested)."""
-        job = asyncio.run_coroutine_threadsafe(self._take_cheaper(priority), self._loop_ref).result()
+        job = asyncio.run_coroutine_threadsafe(self._take_cheaper(priority), self._event_loop).result()
         if job is None:
             return
         start = time.perf_counter()
@@ -144,7 +144,7 @@ class MicroBatcher:
             result = error
         finally:
             self._inline = False
-        self._loop_ref.call_soon_threadsafe(self._settle, job, result, time.perf_counter() - start)
+        self._event_loop.call_soon_threadsafe(self._settle, job, result, time.perf_counter() - start)
 
     async def _next_batch(self) -> list[_Job]:
         self._collect()
