@@ -346,3 +346,22 @@ def test_a_short_request_is_run_between_the_forward_batches_of_a_large_call(pipe
         large.join(60)
     assert done["large"] - done["short"] > 0.5, done
     assert sorted(batches) == [1] + [2] * 5  # the short request ran alone, between two of the large call's
+
+
+def test_forward_batches_hold_at_most_max_batch_tokens(pipes):
+    classify = pipes["classify"]
+    shapes: list[tuple[int, int]] = []
+
+    def recording(batch):
+        shapes.append(batch["input_ids"].shape)
+        return classify.runner(batch)
+
+    pipe = pipeline("classify", model=classify.model_dir, runner=recording)
+    texts = ["a good film " * 30] * 5 + ["bad"] * 3  # five rows of 64 tokens, three of 3
+    expected = pipe(texts)
+    shapes.clear()
+    pipe.max_batch_tokens = 128
+    got = pipe(texts)
+    assert [r["label"] for r in got] == [r["label"] for r in expected]
+    assert [r["score"] for r in got] == pytest.approx([r["score"] for r in expected], abs=1e-5)
+    assert shapes == [(3, 3), (2, 64), (2, 64), (1, 64)]  # shortest first; 2 x 64 = 128 tokens at most

@@ -208,7 +208,8 @@ class Pipeline:
     def check_inputs(self, inputs: tuple) -> tuple:
         """The positional inputs, checked (PipelineInputError with the reason): by default each a
         list of non-empty strings, named by `request_inputs` in messages."""
-        return tuple(self.check_tokens(check_texts(value, name), name) for value, name in zip(inputs, self.request_inputs))
+        return tuple(self.check_tokens(check_texts(value, name), name)
+                     for value, name in zip(inputs, self.request_inputs))
 
     def check_tokens(self, texts: list[str], what: str = "texts") -> list[str]:
         """`texts`, unless one tokenizes to nothing ("\\u0000", a zero-width space): that is an empty text."""
@@ -283,9 +284,11 @@ class Pipeline:
         start = 0
         while start < len(order):
             end = min(len(order), start + batch_size)
-            if self.max_batch_tokens is not None:  # sorted by length: the last row is the longest
-                while end - start > 1 and (end - start) * len(features[order[end - 1]].input_ids) > self.max_batch_tokens:
-                    end -= 1
+            while self.max_batch_tokens is not None and end - start > 1:
+                longest = len(features[order[end - 1]].input_ids)  # sorted by length: the batch's last row
+                if (end - start) * longest <= self.max_batch_tokens:
+                    break
+                end -= 1
             indexes = order[start:end]
             outputs = self.runner(self.collate([features[i] for i in indexes]))
             for row, index in enumerate(indexes):
