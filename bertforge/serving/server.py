@@ -15,7 +15,9 @@ Routes:
 Micro-batching: a request's inputs join a queue; one collector takes whatever compatible requests
 (same pipeline and options) arrive within `max_wait_ms` of the first, up to `max_batch_size` inputs,
 and runs them as one pipeline call on the single model thread. The event loop never runs the model,
-so it keeps accepting and validating requests meanwhile.
+so it keeps accepting and validating requests meanwhile. The cheapest waiting request goes first, and
+runs between two forward batches of a large call (`batching`), so a short request is not held up by
+large ones.
 
 Errors: body over `max_body_bytes`, more than `max_texts` inputs or an input over `max_chars`
 characters -> 413 (a body refused unread is drained, within bounds, before the connection closes,
