@@ -7,6 +7,9 @@ import importlib
 
 import torch
 
+from ..serving.limits import RequestLimits
+from ..serving.server_settings import ServerSettings
+
 
 def register(commands: argparse._SubParsersAction) -> None:
     p = commands.add_parser("serve", help="HTTP server: JSON API with micro-batching, metrics and a test page")
@@ -24,6 +27,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                         "for speed at a small cost in accuracy (default fp32, exact)")
     p.add_argument("--max-length", type=int, help="tokens per model input (default: the model's)")
     p.add_argument("--max-batch-size", type=int, default=32, help="inputs per forward pass")
+    p.add_argument("--max-batch-tokens", type=int, default=ServerSettings.max_batch_tokens,
+                   help="padded tokens per forward batch: a short request waits for one such batch at most")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits to be batched")
     p.add_argument("--no-micro-batching", action="store_true", help="one forward pass per request")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20)
@@ -31,6 +36,17 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chars", type=int, default=10_000, help="characters per input text (413 over it)")
     p.add_argument("--body-timeout", type=float, default=10.0,
                    help="seconds to receive a request's whole body (408 and the connection closed after)")
+    p.add_argument("--header-timeout", type=float, default=ServerSettings.header_timeout_s,
+                   help="seconds to receive a request's headers (the connection is closed after)")
+    p.add_argument("--max-connections", type=int, default=ServerSettings.max_connections,
+                   help="open connections (more are answered 503 and closed)")
+    p.add_argument("--max-top-k", type=int, default=RequestLimits.max_top_k, help="fill-mask top_k per request")
+    p.add_argument("--max-predictions", type=int, default=RequestLimits.max_predictions,
+                   help="fill-mask [MASK]s x top_k per request")
+    p.add_argument("--max-rows", type=int, default=RequestLimits.max_rows,
+                   help="model input rows per request (texts x windows, contexts x endings)")
+    p.add_argument("--min-stride-fraction", type=float, default=RequestLimits.min_stride_fraction,
+                   help="smallest tag stride / answer doc_stride, as a fraction of the model's input length")
     p.add_argument("--num-threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
                    help="seconds to finish in-flight requests on shutdown")
@@ -53,9 +69,14 @@ def run(args: argparse.Namespace) -> None:
     from ..serving.server import ServerSettings, serve  # optional extra
 
     tasks = [t for value in args.task or [] for t in value.split(",") if t]
-    settings = ServerSettings(max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+    settings = ServerSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,
+                              max_wait_ms=args.max_wait_ms,
                               micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
-                              max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout)
+                              max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout,
+                              header_timeout_s=args.header_timeout, max_connections=args.max_connections,
+                              limits=RequestLimits(max_top_k=args.max_top_k, max_predictions=args.max_predictions,
+                                                   max_rows=args.max_rows,
+                                                   min_stride_fraction=args.min_stride_fraction))
     if args.num_threads:
         torch.set_num_threads(args.num_threads)
     serve(args.model, tasks or None, host=args.host, port=args.port, settings=settings, backend=args.backend,

@@ -3,12 +3,21 @@
 A request's inputs join a queue; one collector takes whatever compatible requests (same pipeline and
 options) arrive within `max_wait_ms` of the first, up to `max_batch_size` inputs, and runs them as one
 pipeline call on the single model thread, so the event loop never runs the model.
+
+Which waiting request goes first: the cheapest by order of magnitude (the characters of its inputs,
+in powers of two), the oldest among equals; large requests of one size keep their order. A call
+already on the model thread lets a cheaper request in too: between two of its forward batches (each
+at most `max_batch_tokens` padded tokens) the model thread runs the cheapest waiting request, alone,
+if it is cheaper by a power of two. So a short request waits for one forward batch, not for the
+large requests queued before it nor for the whole of a large call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +43,17 @@ class _Job:
     options: dict[str, Any]
     size: int
     future: asyncio.Future = field(repr=False)
+    cost: int = 0  # characters of its inputs: how much work it brings, roughly
+    order: int = 0  # arrival
+
+    @property
+    def priority(self) -> tuple[int, int]:
+        """Cheaper by a power of two first; then first come, first served."""
+        return self.cost.bit_length(), self.order
+
+
+def _characters(value: Any) -> int:
+    return len(value) if isinstance(value, str) else sum(_characters(v) for v in value)
 
 
 def _freeze(value: Any) -> Any:
@@ -50,8 +70,12 @@ class MicroBatcher:
         self.task: asyncio.Task | None = None
         self.pending: collections.deque[_Job] = collections.deque()
         self._busy = False  # a batch is on the model thread
+        self._arrivals = itertools.count()
+        self._event_loop: asyncio.AbstractEventLoop | None = None
+        self._inline = False  # the model thread is running a request between two batches of another
 
     async def start(self) -> None:
+        self._event_loop = asyncio.get_running_loop()
         self.queue = asyncio.Queue()
         self.task = asyncio.create_task(self._loop(), name="bertforge-batcher")
 
@@ -72,11 +96,62 @@ class MicroBatcher:
         size = len(inputs[pipe.request_inputs[0]])
         key = (task, tuple(sorted(inputs)), tuple(sorted((k, _freeze(v)) for k, v in options.items())))
         future = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Job(task, key, inputs, options, size, future))
+        cost = sum(_characters(value) for value in inputs.values())
+        await self.queue.put(_Job(task, key, inputs, options, size, future, cost, next(self._arrivals)))
         return await future
 
+    def _collect(self) -> None:
+        """Every job waiting in the queue joins `pending`, where the cheapest is picked."""
+        while True:
+            try:
+                self.pending.append(self.queue.get_nowait())
+            except asyncio.QueueEmpty:
+                return
+
+    async def _take_cheaper(self, priority: tuple[int, int]) -> _Job | None:
+        """The cheapest waiting job if it is cheaper than `priority` by a power of two, taken off the queue."""
+        self._collect()
+        if not self.pending:
+            return None
+        job = min(self.pending, key=lambda waiting: waiting.priority)
+        if job.priority[0] >= priority[0]:
+            return None
+        self.pending.remove(job)
+        return job
+
+    def _settle(self, job: _Job, result: Any, seconds: float) -> None:
+        """On the event loop: a job run between the batches of another gets its result."""
+        self.metrics.forward_seconds.observe(seconds)
+        self.metrics.batch_size.observe(job.size)
+        if job.future.done():  # the client went away
+            return
+        if isinstance(result, Exception):
+            job.future.set_exception(result)
+        else:
+            job.future.set_result(result)
+
+    def _run_cheaper(self, priority: tuple[int, int]) -> None:
+        """On the model thread, between two forward batches of a call of `priority`: run the
+        cheapest waiting job first if it is cheaper by a power of two (one per gap, never nested)."""
+        job = asyncio.run_coroutine_threadsafe(self._take_cheaper(priority), self._event_loop).result()
+        if job is None:
+            return
+        start = time.perf_counter()
+        self._inline = True
+        try:
+            result = self._run_batch([job])[0]
+        except Exception as error:  # noqa: BLE001 - handed to the request
+            result = error
+        finally:
+            self._inline = False
+        self._event_loop.call_soon_threadsafe(self._settle, job, result, time.perf_counter() - start)
+
     async def _next_batch(self) -> list[_Job]:
-        first = self.pending.popleft() if self.pending else await self.queue.get()
+        self._collect()
+        if not self.pending:
+            self.pending.append(await self.queue.get())
+        first = min(self.pending, key=lambda job: job.priority)
+        self.pending.remove(first)
         batch, size = [first], first.size
         if not self.settings.micro_batching:
             return batch
@@ -149,7 +224,12 @@ class MicroBatcher:
         pipe = self.pipelines[first.task]
         merged = {name: [text for job in batch for text in job.inputs[name]] for name in first.inputs}
         positional = [merged.pop(name) for name in pipe.request_inputs]
-        results = pipe(*positional, batch_size=self.settings.max_batch_size, **merged, **first.options)
+        previous = pipe.between_batches  # a job run inline may use the pipeline of the call it interrupts
+        pipe.between_batches = None if self._inline else functools.partial(self._run_cheaper, first.priority)
+        try:
+            results = pipe(*positional, batch_size=self.settings.max_batch_size, **merged, **first.options)
+        finally:
+            pipe.between_batches = previous
         out, start = [], 0
         for job in batch:
             part = results[start:start + job.size]

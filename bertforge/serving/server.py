@@ -15,13 +15,24 @@ Routes:
 Micro-batching: a request's inputs join a queue; one collector takes whatever compatible requests
 (same pipeline and options) arrive within `max_wait_ms` of the first, up to `max_batch_size` inputs,
 and runs them as one pipeline call on the single model thread. The event loop never runs the model,
-so it keeps accepting and validating requests meanwhile.
+so it keeps accepting and validating requests meanwhile. The cheapest waiting request goes first, and
+runs between two forward batches of a large call (`batching`), so a short request is not held up by
+large ones.
 
 Errors: body over `max_body_bytes`, more than `max_texts` inputs or an input over `max_chars`
-characters -> 413; a body that does not arrive whole within `body_timeout_s` -> 408 and the
-connection is closed; JSON that cannot be used (unparsable, nested deeper than `MAX_JSON_DEPTH`, a
-string holding a lone surrogate, which is not Unicode text) -> 400; a body of the wrong shape or
-types, an empty text, an unknown option -> 422; all as `{"error": reason}`. No input gives a 500.
+characters -> 413 (a body refused unread is drained, within bounds, before the connection closes,
+so that a plain client still reads the answer: `http_protocol`); a body that does not arrive whole
+within `body_timeout_s` -> 408 and the connection is closed; a Content-Type other than
+application/json -> 415 (a browser's cross-site form or text/plain POST included); JSON that cannot
+be used (unparsable, nested deeper than `MAX_JSON_DEPTH`, a string holding a lone surrogate, which
+is not Unicode text) -> 400; a body of the wrong shape or types, an empty text (also one that
+tokenizes to nothing, such as "\u0000"), an unknown option, an option over its cost limit (`top_k`,
+`stride`, rows per request: `bertforge.serving.limits`, checked before any forward pass) -> 422;
+a method other than POST on `/v1/...` -> 405 with `Allow`; all as `{"error": reason}`. No input
+gives a 500.
+
+Connections (`http_protocol`): headers must arrive within `header_timeout_s`, at most
+`max_connections` are open at once (more are answered 503 and closed).
 Shutdown (SIGINT/SIGTERM) stops accepting connections and finishes the requests in flight before
 the process exits.
 
@@ -36,9 +47,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import re
+import resource
 import sys
 from importlib import resources
 from typing import Any, Sequence
@@ -51,6 +64,7 @@ from starlette.routing import Route
 
 from ..modeling.pretrained import resolve_model_dir
 from .batching import MicroBatcher
+from .http_protocol import protocol_class
 from .pipelines import (PIPELINES, Pipeline, PipelineInputError, pipeline, resolve_task,  # noqa: F401 (re-exported)
                         task_for_checkpoint)
 from .server_metrics import (BATCH_BUCKETS, LATENCY_BUCKETS, Histogram, Metrics,  # noqa: F401 (re-exported)
@@ -65,6 +79,7 @@ logger = logging.getLogger("bertforge.serve")
 # recurse until RecursionError.
 MAX_JSON_DEPTH = 16
 _SURROGATE = re.compile("[\ud800-\udfff]")
+MAX_ECHOED_NAME = 64  # characters of an unknown pipeline's name repeated in the 404
 
 
 async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
@@ -138,8 +153,9 @@ def _json_path(path: tuple) -> str:
     return out
 
 
-def _check_strings(values: list, name: str, settings: ServerSettings) -> None:
-    """ApiError unless every item of `values` is a non-empty string within the size limit."""
+def _check_strings(values: list, name: str, settings: ServerSettings, pipe: Pipeline) -> None:
+    """ApiError unless every item of `values` is a non-empty string within the size limit; a text
+    that tokenizes to nothing is empty too (PipelineInputError, the pipeline's own check)."""
     for i, text in enumerate(values):
         if not isinstance(text, str):
             raise ApiError(422, f"{name}[{i}] must be a string, got {type(text).__name__}")
@@ -147,6 +163,15 @@ def _check_strings(values: list, name: str, settings: ServerSettings) -> None:
             raise ApiError(422, f"{name}[{i}] is empty")
         if len(text) > settings.max_chars:
             raise ApiError(413, f"{name}[{i}] has {len(text)} characters, over the limit of {settings.max_chars}")
+    pipe.check_tokens(values, name)
+
+
+def _check_content_type(request: Request) -> None:
+    """ApiError(415) unless the body is declared JSON: a browser sends a cross-site POST without
+    asking first only as a form or text/plain, so refusing those keeps other sites' pages out."""
+    declared = request.headers.get("content-type", "")
+    if declared.split(";", 1)[0].strip().lower() != "application/json":
+        raise ApiError(415, f"Content-Type must be application/json, got {declared[:80]!r}", close=True)
 
 
 def _validate(pipe: Pipeline, body: Any, settings: ServerSettings) -> tuple[dict[str, list[str]], dict[str, Any]]:
@@ -176,9 +201,9 @@ def _validate(pipe: Pipeline, body: Any, settings: ServerSettings) -> tuple[dict
                     raise ApiError(422, f"{name}[{i}] must be a non-empty list of strings")
                 if len(row) > settings.max_texts:
                     raise ApiError(413, f"{len(row)} items in {name}[{i}] exceed the limit of {settings.max_texts}")
-                _check_strings(row, f"{name}[{i}]", settings)
+                _check_strings(row, f"{name}[{i}]", settings, pipe)
         else:
-            _check_strings(value, name, settings)
+            _check_strings(value, name, settings, pipe)
         inputs[name] = value
     lengths = {len(v) for v in inputs.values()}
     if len(lengths) > 1:
@@ -191,16 +216,20 @@ def _validate(pipe: Pipeline, body: Any, settings: ServerSettings) -> tuple[dict
                 raise ApiError(422, f"{name!r} must be {' or '.join(t.__name__ for t in types)}, "
                                     f"got {type(value).__name__}")
             options[name] = value
+    pipe.check_options(**options)  # the cost limits of the options (PipelineInputError -> 422), before queueing
     return inputs, options
 
 
-def _error(status: int, reason: str) -> JSONResponse:
-    return JSONResponse({"error": reason}, status_code=status)
+def _error(status: int, reason: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": reason}, status_code=status, headers=headers)
 
 
 def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None = None) -> Starlette:
     """The ASGI application serving `pipelines` (task name -> pipeline)."""
     settings = settings or ServerSettings()
+    pipelines = {task: pipe.with_limits(settings.limits) for task, pipe in pipelines.items()}
+    for pipe in pipelines.values():  # copies: the caller's pipelines keep their own batching
+        pipe.max_batch_tokens = settings.max_batch_tokens
     metrics = Metrics()
     batcher = MicroBatcher(pipelines, settings, metrics)
     page = resources.files("bertforge.serving").joinpath("static/index.html").read_text(encoding="utf-8")
@@ -212,15 +241,19 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
         except ValueError:
             task = None
         if task not in pipelines:
-            return _error(404, f"no pipeline {name!r} here; served: {', '.join(sorted(pipelines))}")
+            shown = name if len(name) <= MAX_ECHOED_NAME else name[:MAX_ECHOED_NAME] + "..."
+            response = _error(404, f"no pipeline {shown!r} here; served: {', '.join(sorted(pipelines))}")
+            response.headers["connection"] = "close"  # its body is not read
+            return response
         pipe = pipelines[task]
         try:
+            _check_content_type(request)
             raw = await _read_body(request, settings.max_body_bytes, settings.body_timeout_s)
             body = _parse_json(raw)
             inputs, options = _validate(pipe, body, settings)
             results = await batcher.submit(task, inputs, options)
         except ApiError as error:
-            response = _error(error.status, error.reason)
+            response = _error(error.status, error.reason, error.headers)
             if error.close:
                 response.headers["connection"] = "close"
             return response
@@ -245,7 +278,10 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
                              "pipelines": info, "limits": {"max_body_bytes": settings.max_body_bytes,
                                                            "max_texts": settings.max_texts,
                                                            "max_chars": settings.max_chars,
-                                                           "body_timeout_s": settings.body_timeout_s}})
+                                                           "body_timeout_s": settings.body_timeout_s,
+                                                           "header_timeout_s": settings.header_timeout_s,
+                                                           "max_connections": settings.max_connections,
+                                                           **dataclasses.asdict(settings.limits)}})
 
     async def metrics_endpoint(request: Request) -> Response:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -254,7 +290,7 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
         return HTMLResponse(page)
 
     async def http_error(request: Request, error: HTTPException) -> Response:
-        return _error(error.status_code, error.detail)
+        return _error(error.status_code, error.detail, error.headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -283,6 +319,37 @@ def load_pipelines(model: str, tasks: Sequence[str] | None = None, backend: str 
                            onnx_model=onnx_model, dtype=dtype) for name in dict.fromkeys(names)}
 
 
+def uvicorn_config(app: Starlette, host: str, port: int, **kwargs: Any) -> "uvicorn.Config":
+    """uvicorn's configuration for an app of `create_app`: its connections guarded by
+    `http_protocol` (header timeout, connection cap, lingering close) with the app's settings."""
+    import uvicorn  # optional extra
+
+    kwargs = {"log_level": "info", "access_log": False, "lifespan": "on", **kwargs}
+    return uvicorn.Config(app, host=host, port=port, http=protocol_class(app.state.settings), **kwargs)
+
+
+FILES_IN_RESERVE = 64  # descriptors the process needs besides its connections (model files, pipes, logs)
+
+
+def _fit_connections_to_files(settings: ServerSettings) -> None:
+    """Make room for `max_connections` sockets under the open-file limit (raising the soft limit up
+    to the hard one), or lower `max_connections` to what fits, saying so."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = settings.max_connections + FILES_IN_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+        if soft < need:
+            fitted = max(1, soft - FILES_IN_RESERVE)
+            logger.warning("the open-file limit is %d: serving at most %d connections, not %d", soft, fitted,
+                           settings.max_connections)
+            settings.max_connections = fitted
+
+
 def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1", port: int = 8000,
           settings: ServerSettings | None = None, backend: str = "torch", device: str | None = None,
           max_length: int | None = None, onnx_model: str | None = None, log_level: str = "info",
@@ -299,9 +366,9 @@ def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1
         raise SystemExit(1) from None
     logger.info("serving %s (%s, %s) on http://%s:%d", ", ".join(pipelines), backend, settings.dtype, host, port)
     app = create_app(pipelines, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=graceful_timeout, lifespan="on")
-    server = uvicorn.Server(config)
+    _fit_connections_to_files(settings)
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level=log_level,
+                                           timeout_graceful_shutdown=graceful_timeout))
     server.run()
     if not server.started:  # could not bind, or startup failed: uvicorn logged why
         raise SystemExit(1)

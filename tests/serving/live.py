@@ -1,4 +1,5 @@
-"""A real uvicorn server on a free loopback port, in a thread (tests only)."""
+"""A real uvicorn server on a free loopback port, in a thread (tests only), configured as `bertforge
+serve` configures it (`uvicorn_config`: the guarded h11 protocol with the app's settings)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ class LiveServer:
     def __init__(self, app, graceful_timeout: float = 10.0):
         import uvicorn
 
+        from bertforge.serving.server import uvicorn_config
+
         with socket.socket() as probe:  # a free port; the tiny race with another process is acceptable here
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.app = app
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+        config = uvicorn_config(app, "127.0.0.1", self.port, log_level="warning",
                                 timeout_graceful_shutdown=graceful_timeout)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

@@ -25,6 +25,8 @@ class AnswerPipeline(Pipeline):
     the checkpoint's `config.json` key `version_2_with_negative`, written for SQuAD 2.0 models) the
     answer is empty (`start`/`end` None) when the [CLS] "no answer" score beats the best span by more
     than `null_threshold`. `score` is P(start) x P(end) of the chosen span (or of [CLS]).
+    `doc_stride` is at least `limits.min_stride_fraction` of `max_length`, and the windows of a call
+    at most `limits.max_rows`.
     """
 
     model_class = BertForQuestionAnswering
@@ -40,22 +42,30 @@ class AnswerPipeline(Pipeline):
     def build_graph(cls, model):
         return SpanGraph(model)
 
+    def check_options(self, doc_stride=128, max_answer_length=30, **_) -> None:
+        for name, value in (("doc_stride", doc_stride), ("max_answer_length", max_answer_length)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PipelineInputError(f"{name} must be a positive integer, got {value!r}")
+        least = self.limits.min_stride(self.max_length)
+        if doc_stride < least:
+            raise PipelineInputError(f"doc_stride {doc_stride} is under the limit of {least} tokens "
+                                     f"({self.limits.min_stride_fraction:g} of max_length {self.max_length})")
+
     def preprocess(self, questions, contexts, doc_stride=128, max_answer_length=30,
                    handle_impossible_answer=None, null_threshold=0.0):
         if len(questions) != len(contexts):
             raise PipelineInputError(f"{len(questions)} questions but {len(contexts)} contexts")
-        for name, value in (("doc_stride", doc_stride), ("max_answer_length", max_answer_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PipelineInputError(f"{name} must be a positive integer, got {value!r}")
         question_rows = self.tokenizer.encode_batch(questions, max_length=self.max_query_length + 2, padding=False)
         context_rows = self.tokenizer.encode_batch(contexts, max_length=self.max_length, truncation=False,
                                                    padding=False, return_offsets=True)
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        spans_of = [windows(len(c["input_ids"]) - 2, self.max_length - (len(q["input_ids"]) - 2) - 3, doc_stride)
+                    for q, c in zip(question_rows, context_rows)]
+        self.check_rows(sum(map(len, spans_of)), "contexts x windows")
         features = []
-        for i, (q, c) in enumerate(zip(question_rows, context_rows)):
+        for i, (q, c, spans) in enumerate(zip(question_rows, context_rows, spans_of)):
             question = q["input_ids"][1:-1]
             ids, offsets = c["input_ids"][1:-1], c["offsets"][1:-1]
-            spans = windows(len(ids), self.max_length - len(question) - 3, doc_stride)
             for w, (start, end) in enumerate(spans):
                 input_ids = [cls, *question, sep, *ids[start:end], sep]
                 token_types = [0] * (len(question) + 2) + [1] * (end - start + 1)

@@ -11,10 +11,12 @@ in the order the inputs came. The class attributes `request_inputs`, `optional_r
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +28,7 @@ from ...modeling.pretrained import resolve_model_dir
 from ...tasks.arrays import MODEL_INPUTS, pad_inputs, pad_rows
 from ...tasks.windows import windows as _windows
 from ...tokenization import BertTokenizer
+from ..limits import RequestLimits
 from ..onnx import check_parity, export_onnx_bytes, onnx_runner
 from ..runner import Batch, Runner, TorchRunner
 
@@ -51,6 +54,15 @@ class Feature:
     token_type_ids: list[int]
     extra_inputs: dict[str, list[int]] = field(default_factory=dict)  # e.g. masked_positions
     info: dict[str, Any] = field(default_factory=dict)
+
+
+_WORD = re.compile(r"\w")
+
+
+def tokenizes_to_nothing(tokenizer: BertTokenizer, text: str) -> bool:
+    """Whether `text` holds no token at all: only whitespace, or characters the tokenizer drops
+    (NUL, other controls, zero-width spaces ...). A text with a letter or digit is looked at no further."""
+    return _WORD.search(text) is None and not tokenizer.tokenize(text)
 
 
 def check_texts(texts: Any, what: str = "texts", allow_empty_list: bool = True) -> list[str]:
@@ -104,6 +116,8 @@ class Pipeline:
             "fp16" (GPUs) or "int8" (CPU: int8 linear layers), applied with
             `bertforge.modeling.optimize_for_inference`; results move by what each costs in accuracy
             (BENCHMARKS.md, RESULTS.md). None (default): as loaded, float32 from a checkpoint.
+        limits: what one call may cost (`bertforge.serving.limits.RequestLimits`: top_k, stride,
+            rows); a call over them raises PipelineInputError before the forward pass.
         unpad: backend="torch" only: run the encoder on the real tokens of each batch, not the padding
             (exact to float rounding; the server's micro-batches mix lengths, where it pays most), and
             on CPU its packed length rounded up to a few sizes (`optimize_for_inference`, row_bucket).
@@ -127,7 +141,9 @@ class Pipeline:
     def __init__(self, model: str | os.PathLike | nn.Module, tokenizer: BertTokenizer | None = None,
                  backend: str = "torch", device: str | torch.device | None = None,
                  max_length: int | None = None, onnx_model: str | os.PathLike | bytes | None = None,
-                 runner: Runner | None = None, dtype: str | None = None, unpad: bool = True):
+                 runner: Runner | None = None, dtype: str | None = None, unpad: bool = True,
+                 limits: RequestLimits | None = None):
+        self.limits = limits if limits is not None else RequestLimits()
         if backend == "onnx" and dtype not in (None, "fp32"):
             raise ValueError(f"dtype={dtype!r} is for backend='torch'; the ONNX graph is exported in float32")
         if isinstance(model, nn.Module):
@@ -192,7 +208,35 @@ class Pipeline:
     def check_inputs(self, inputs: tuple) -> tuple:
         """The positional inputs, checked (PipelineInputError with the reason): by default each a
         list of non-empty strings, named by `request_inputs` in messages."""
-        return tuple(check_texts(value, name) for value, name in zip(inputs, self.request_inputs))
+        return tuple(self.check_tokens(check_texts(value, name), name)
+                     for value, name in zip(inputs, self.request_inputs))
+
+    def check_tokens(self, texts: list[str], what: str = "texts") -> list[str]:
+        """`texts`, unless one tokenizes to nothing ("\\u0000", a zero-width space): that is an empty text."""
+        for i, text in enumerate(texts):
+            if tokenizes_to_nothing(self.tokenizer, text):
+                raise PipelineInputError(f"{what}[{i}] is empty (nothing in it is a token)")
+        return texts
+
+    def check_options(self, **options: Any) -> None:
+        """PipelineInputError unless the options are usable and within `self.limits`; no input is
+        looked at, so the server checks them before queueing a request. Subclasses check theirs."""
+
+    def check_rows(self, rows: int, what: str = "texts") -> None:
+        """PipelineInputError when a call needs more than `limits.max_rows` model rows: counted
+        before the rows are built, so an oversized call costs no forward pass. The pipelines whose
+        inputs multiply into rows check it (tag and answer: windows, multiple choice: endings); one
+        row per text (classify, embed, fill-mask) is bounded by the number of texts the caller sends
+        (on the server: `max_texts`)."""
+        if rows > self.limits.max_rows:
+            raise PipelineInputError(f"the inputs need {rows} model rows ({what}), over the limit of "
+                                     f"{self.limits.max_rows} per call (max_rows): send fewer or shorter inputs")
+
+    def with_limits(self, limits: RequestLimits) -> "Pipeline":
+        """This pipeline (sharing its model and tokenizer) with other cost limits: the server's."""
+        other = copy.copy(self)
+        other.limits = limits
+        return other
 
     def preprocess(self, *inputs: Any, **options: Any) -> list[Feature]:
         raise NotImplementedError
@@ -201,7 +245,7 @@ class Pipeline:
         """One unpadded Feature per text (with its pair, when `text_pairs` is given and as long as `texts`),
         each cut to `max_length` tokens: the preprocessing of the sentence and sentence-pair pipelines."""
         if text_pairs is not None:
-            text_pairs = check_texts(text_pairs, "text_pairs")
+            text_pairs = self.check_tokens(check_texts(text_pairs, "text_pairs"), "text_pairs")
             if len(text_pairs) != len(texts):
                 raise PipelineInputError(f"{len(texts)} texts but {len(text_pairs)} text_pairs")
         rows = self.tokenizer.encode_batch(texts, text_pairs, max_length=self.max_length, padding=False)
@@ -218,21 +262,40 @@ class Pipeline:
         """Results for each input, in input order (see the subclass for inputs and options)."""
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise PipelineInputError(f"batch_size must be a positive integer, got {batch_size!r}")
+        self.check_options(**options)
         inputs = self.check_inputs(inputs)
         features = self.preprocess(*inputs, **options)
         outputs = self.run(features, batch_size)
         return self.postprocess(inputs, features, outputs, **options)
 
+    # Padded tokens per forward batch (None: `batch_size` rows whatever their length). The server sets
+    # it, so that one forward batch stays short and `between_batches` comes often.
+    max_batch_tokens: int | None = None
+    # Called on the calling thread between two forward batches of a call: the server runs a cheaper
+    # waiting request there, so that it waits for one forward batch, not for a whole large call.
+    between_batches: Callable[[], None] | None = None
+
     def run(self, features: Sequence[Feature], batch_size: int) -> list[dict[str, np.ndarray]]:
         """Each feature's outputs (its row of every output), running shortest-first batches so that
-        a batch pads to similar lengths."""
+        a batch pads to similar lengths; each batch at most `batch_size` rows and, when set,
+        `max_batch_tokens` padded tokens (but at least one row)."""
         results: list[dict[str, np.ndarray]] = [{} for _ in features]
         order = sorted(range(len(features)), key=lambda i: len(features[i].input_ids))
-        for start in range(0, len(order), batch_size):
-            indexes = order[start:start + batch_size]
+        start = 0
+        while start < len(order):
+            end = min(len(order), start + batch_size)
+            while self.max_batch_tokens is not None and end - start > 1:
+                longest = len(features[order[end - 1]].input_ids)  # sorted by length: the batch's last row
+                if (end - start) * longest <= self.max_batch_tokens:
+                    break
+                end -= 1
+            indexes = order[start:end]
             outputs = self.runner(self.collate([features[i] for i in indexes]))
             for row, index in enumerate(indexes):
                 results[index] = {name: value[row] for name, value in outputs.items()}
+            start = end
+            if start < len(order) and self.between_batches is not None:
+                self.between_batches()
         return results
 
     def collate(self, features: Sequence[Feature]) -> Batch:
@@ -265,4 +328,5 @@ class Pipeline:
         return f"{type(self).__name__}(task={self.task!r}, model={str(source)!r}, backend={self.backend!r})"
 
 
-__all__ = ["BASE_INPUTS", "MASK_TOKEN", "Feature", "Pipeline", "PipelineInputError", "check_texts", "windows"]
+__all__ = ["BASE_INPUTS", "MASK_TOKEN", "Feature", "Pipeline", "PipelineInputError", "check_texts",
+           "tokenizes_to_nothing", "windows"]

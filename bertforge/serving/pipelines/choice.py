@@ -29,7 +29,8 @@ class MultipleChoicePipeline(Pipeline):
     `pipe(contexts, endings, starts=None)` -> for each input `{"label": k, "ending": endings[i][k],
     "score": P(k), "scores": [P(0), ..., P(K-1)]}`: `endings[i]` is the list of candidate endings of
     `contexts[i]` (at least two); `starts[i]` (optional, SWAG's `sent2`) begins the second segment,
-    each ending following it after a space.
+    each ending following it after a space. The endings of a call, one model row each, number at
+    most `limits.max_rows`.
     """
 
     model_class = BertForMultipleChoice
@@ -50,9 +51,13 @@ class MultipleChoicePipeline(Pipeline):
         endings = inputs[1]
         if isinstance(endings, str) or not isinstance(endings, Sequence):
             raise PipelineInputError("endings must be a list with one list of endings per context")
-        endings = [check_texts(row, f"endings[{i}]", allow_empty_list=False) for i, row in enumerate(endings)]
         if len(endings) != len(contexts):
             raise PipelineInputError(f"{len(contexts)} contexts but {len(endings)} lists of endings")
+        # One model row per (context, ending): counted before any text is tokenized.
+        self.check_rows(sum(len(row) if isinstance(row, (list, tuple)) else 1 for row in endings), "contexts x endings")
+        self.check_tokens(contexts, "contexts")
+        endings = [self.check_tokens(check_texts(row, f"endings[{i}]", allow_empty_list=False), f"endings[{i}]")
+                   for i, row in enumerate(endings)]
         for i, row in enumerate(endings):
             if len(row) < 2:
                 raise PipelineInputError(f"endings[{i}] has {len(row)} ending; a choice needs at least 2")
@@ -60,7 +65,7 @@ class MultipleChoicePipeline(Pipeline):
 
     def preprocess(self, contexts, endings, starts=None):
         if starts is not None:
-            starts = check_texts(starts, "starts")
+            starts = self.check_tokens(check_texts(starts, "starts"), "starts")
             if len(starts) != len(contexts):
                 raise PipelineInputError(f"{len(contexts)} contexts but {len(starts)} starts")
         examples = [ChoiceExample(str(i), context, starts[i] if starts is not None else "", list(options))

@@ -19,7 +19,11 @@ class FillMaskPipeline(Pipeline):
 
     `pipe(texts, top_k=5)` -> for each text, a list with one entry per [MASK] (in text order), each
     a list of `{"token", "token_id", "score", "sequence"}` (most likely first); `sequence` is the
-    text with that [MASK] replaced by the token.
+    text with its [MASK] replaced by the token, given for a text with one [MASK] only (as Hugging
+    Face's fill-mask pipeline does for one mask): repeating a text with many masks in every
+    candidate would make the answer grow with masks^2 x top_k, so a text with several [MASK]s gets
+    `{"token", "token_id", "score"}` per candidate. `top_k` is at most the vocabulary size and
+    `limits.max_top_k`; [MASK]s x top_k over the texts at most `limits.max_predictions`.
     """
 
     model_class = BertForMaskedLM
@@ -32,9 +36,15 @@ class FillMaskPipeline(Pipeline):
     def build_graph(cls, model):
         return FillMaskGraph(model)
 
-    def preprocess(self, texts, top_k: int = 5):
+    def check_options(self, top_k: int = 5, **_) -> None:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             raise PipelineInputError(f"top_k must be a positive integer, got {top_k!r}")
+        limit = min(self.limits.max_top_k, len(self.tokenizer))
+        if top_k > limit:
+            raise PipelineInputError(f"top_k {top_k} is over the limit of {limit} (max_top_k "
+                                     f"{self.limits.max_top_k}, vocabulary {len(self.tokenizer)} tokens)")
+
+    def preprocess(self, texts, top_k: int = 5):
         for i, text in enumerate(texts):
             if MASK_TOKEN not in text:
                 raise PipelineInputError(f"texts[{i}] has no {MASK_TOKEN} token")
@@ -48,6 +58,10 @@ class FillMaskPipeline(Pipeline):
                                          "tokens")
             features.append(Feature(i, row["input_ids"], row["token_type_ids"], {"masked_positions": positions},
                                     {"spans": [row["offsets"][p] for p in positions]}))
+        predictions = top_k * sum(len(f.extra_inputs["masked_positions"]) for f in features)
+        if predictions > self.limits.max_predictions:
+            raise PipelineInputError(f"the texts' [MASK]s x top_k make {predictions} predictions, over the limit "
+                                     f"of {self.limits.max_predictions} per call (max_predictions)")
         return features
 
     def postprocess(self, inputs, features, outputs, top_k: int = 5):
@@ -57,6 +71,7 @@ class FillMaskPipeline(Pipeline):
             text = texts[feature.example]
             probs = softmax(output["logits"][:len(feature.info["spans"])])
             k = min(top_k, probs.shape[-1])
+            single = len(feature.info["spans"]) == 1
             per_mask = []
             for (start, end), p in zip(feature.info["spans"], probs):
                 best = np.argpartition(-p, k - 1)[:k]
@@ -65,8 +80,10 @@ class FillMaskPipeline(Pipeline):
                 for token_id in best.tolist():
                     token = self.tokenizer.ids_to_tokens[token_id]
                     word = token[2:] if token.startswith("##") else token
-                    candidates.append({"token": token, "token_id": token_id, "score": float(p[token_id]),
-                                       "sequence": text[:start] + word + text[end:]})
+                    candidate = {"token": token, "token_id": token_id, "score": float(p[token_id])}
+                    if single:
+                        candidate["sequence"] = text[:start] + word + text[end:]
+                    candidates.append(candidate)
                 per_mask.append(candidates)
             results.append(per_mask)
         return results

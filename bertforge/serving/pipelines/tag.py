@@ -23,7 +23,8 @@ class TagPipeline(Pipeline):
     `max_length` run as overlapping windows `stride` tokens apart, each token taking the window in
     which it has the most context. `pipe(texts, aggregation="simple")` -> for each text a list of
     entities `{"entity", "score", "start", "end", "text"}`; `aggregation="none"` gives every word
-    `{"word", "label", "score", "start", "end"}` instead.
+    `{"word", "label", "score", "start", "end"}` instead. `stride` is at least
+    `limits.min_stride_fraction` of `max_length`, and the windows of a call at most `limits.max_rows`.
     """
 
     model_class = BertForTokenClassification
@@ -35,20 +36,28 @@ class TagPipeline(Pipeline):
     def build_graph(cls, model):
         return LogitsGraph(model)
 
-    def preprocess(self, texts, aggregation="simple", stride=None):
+    def check_options(self, aggregation="simple", stride=None, **_) -> None:
         if aggregation not in ("simple", "none"):
             raise PipelineInputError(f"aggregation must be 'simple' or 'none', got {aggregation!r}")
+        if stride is not None:
+            if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
+                raise PipelineInputError(f"stride must be a positive integer, got {stride!r}")
+            least = self.limits.min_stride(self.max_length)
+            if stride < least:
+                raise PipelineInputError(f"stride {stride} is under the limit of {least} tokens "
+                                         f"({self.limits.min_stride_fraction:g} of max_length {self.max_length})")
+
+    def preprocess(self, texts, aggregation="simple", stride=None):
         max_tokens = self.max_length - 2
         stride = max_tokens // 2 if stride is None else stride
-        if not isinstance(stride, int) or stride < 1:
-            raise PipelineInputError(f"stride must be a positive integer, got {stride!r}")
         rows = self.tokenizer.encode_batch(texts, max_length=self.max_length, truncation=False, padding=False,
                                            return_offsets=True)
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        spans_of = [windows(len(row["input_ids"]) - 2, max_tokens, stride) for row in rows]
+        self.check_rows(sum(map(len, spans_of)), "texts x windows")
         features = []
-        for i, row in enumerate(rows):
+        for i, (row, spans) in enumerate(zip(rows, spans_of)):
             ids, offsets = row["input_ids"][1:-1], row["offsets"][1:-1]
-            spans = windows(len(ids), max_tokens, stride)
             for w, (start, end) in enumerate(spans):
                 n = end - start + 2
                 features.append(Feature(i, [cls, *ids[start:end], sep], [0] * n, info={
