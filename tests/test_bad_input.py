@@ -262,7 +262,7 @@ def test_predict_never_overwrites_its_input_nor_an_existing_file(models, tmp_pat
     predict = ["predict", "--model", str(models["classify"]), "--input", str(data)]
     for output in (data, tmp_path / "." / "in.csv"):
         assert main(predict + ["--output", str(output), "--overwrite"]) == 2
-        assert f"error: --output {output} is the input file {data}: predictions never overwrite" in _error(capsys)
+        assert f"error: --output {output} is the input file {data}: a command never overwrites its input" in _error(capsys)
         assert data.read_bytes() == original
 
     out = tmp_path / "out.tsv"
