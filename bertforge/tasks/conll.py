@@ -335,18 +335,24 @@ class NerData:
 
 def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_file: str | os.PathLike, *,
                      document_context: bool = False, max_seq_length: int = 128,
-                     max_train_examples: int | None = None) -> NerData:
+                     max_train_examples: int | None = None, unseen_dev_tags: str = "error") -> NerData:
     """Read both files, take the label list from the training file, and window both.
 
     `max_train_examples` keeps the first N training sentences (document context then comes from those).
-    A dev tag that the training sentences never have is refused (`check_dev_tags`).
+    A dev tag that the training sentences never have is refused (`check_dev_tags`), or with
+    `unseen_dev_tags="warn"` logged (for subsets drawn by a program, as `bertforge reproduce` does).
     """
     train = read_conll(train_file)
     if max_train_examples is not None:
         train = train[:max_train_examples]
     dev = read_conll(dev_file)
     labels = label_list_from(train)
-    check_dev_tags(dev, labels, dev_file, train_file, max_train_examples)
+    try:
+        check_dev_tags(dev, labels, dev_file, train_file, max_train_examples)
+    except ValueError as error:
+        if unseen_dev_tags != "warn":
+            raise
+        logger.warning("%s", error)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     pieces = word_piece_ids(tokenizer, (w for s in train + dev for w in s.words))
     label_map = {label: i for i, label in enumerate(labels)}
