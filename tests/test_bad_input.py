@@ -469,3 +469,21 @@ def test_a_full_disk_ends_finetune_in_one_line(models, tmp_path, capsys, monkeyp
     assert "--resume" in err
     assert not (out / "model.safetensors").exists() and not [p for p in out.iterdir() if ".tmp" in p.name]
     assert (out / "RUNNING").exists() and not (out / ".bertforge-lock").exists()  # unfinished, and free
+
+
+def test_prepare_pretraining_replaces_earlier_instances_only_with_overwrite(uncased_vocab, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\nIt was happy.\n\nA dog ran home.\nIt slept.\n")
+    out = tmp_path / "out"
+    flags = ["prepare-pretraining", "--input", str(corpus), "--vocab", str(uncased_vocab), "--input-format", "bert",
+             "--dupe-factor", "1", "--quiet", "--output-dir", str(out)]
+    assert main(flags) == 0
+    before = (out / "index.json").read_bytes()
+    capsys.readouterr()
+    assert main(flags + ["--seed", "7"]) == 2
+    assert (f"error: --output-dir {out} holds prepared instances (index.json); pass --overwrite to replace them"
+            in _error(capsys))
+    assert (out / "index.json").read_bytes() == before
+    assert main(flags + ["--seed", "7", "--overwrite"]) == 0
+    assert json.loads((out / "index.json").read_text())["seed"] == 7
+    assert not (out / ".bertforge-lock").exists()

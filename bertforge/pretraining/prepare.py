@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._files import write_text_atomic
+from .._files import own_directory, write_text_atomic
 from ..tokenization import BertTokenizer
 from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
 from ..tokenization.vocab import CLS, MASK, PAD, SEP, VOCAB_NAME, vocab_fingerprint
@@ -158,13 +158,29 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     for a missing input or vocabulary, ValueError for bad settings or a corpus with no document.
     Bytes that are not UTF-8 are read as U+FFFD and counted: the index's `replaced_bytes` maps each
     such file to its count (and `stats["replaced_bytes"]` totals them); `strict=True` instead refuses
-    the first such byte (file, line, offset) before any work starts.
+    the first such byte (file, line, offset) before any work starts. `output_dir` is locked for the run
+    (`bertforge._files.own_directory`): a second run into it is refused while this one lasts.
 
     A sentence of more than twice `max_seq_length` tokens loses most of them (an instance keeps at most
     `max_seq_length - 3`; Google's script cuts them silently): each file with such sentences gets one
     warning naming the longest one's line, how many there are and how many tokens they have beyond what
     an instance holds (the index's `long_sentences`).
     """
+    with own_directory(output_dir, "bertforge prepare-pretraining"):  # two runs would mix their shards
+        return _prepare_pretraining(
+            inputs, vocab_file, output_dir, max_seq_length=max_seq_length,
+            max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
+            short_seq_prob=short_seq_prob, dupe_factor=dupe_factor, whole_word_mask=whole_word_mask, masking=masking,
+            do_lower_case=do_lower_case, seed=seed, workers=workers, input_format=input_format, shard_size=shard_size,
+            buffer_documents=buffer_documents, buffer_tokens=buffer_tokens, progress=progress, strict=strict)
+
+
+def _prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | os.PathLike,
+                         output_dir: str | os.PathLike, *, max_seq_length: int, max_predictions_per_seq: int,
+                         masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, whole_word_mask: bool,
+                         masking: str, do_lower_case: bool | None, seed: int, workers: int, input_format: str,
+                         shard_size: int, buffer_documents: int, buffer_tokens: int, progress: bool,
+                         strict: bool) -> dict:
     _validate(max_seq_length, max_predictions_per_seq, masked_lm_prob, short_seq_prob, dupe_factor, masking,
               input_format, workers, shard_size, buffer_documents, buffer_tokens)
     files = [str(f) for f in inputs]
