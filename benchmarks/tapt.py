@@ -353,7 +353,7 @@ def run_task(args, out: Path) -> dict:
         if not (extended / "vocab.txt").is_file():  # (written last, after its report)
             extended.mkdir(parents=True, exist_ok=True)
             bertforge("vocab", "--extend", model, "--input", corpus / "train.txt", "--output",
-                      extended / "vocab.txt", stage="vocab --extend")
+                      extended / "vocab.txt", "--overwrite", stage="vocab --extend")  # (a report left by a kill)
         report = json.loads((extended / "vocab.extend.json").read_text(encoding="utf-8"))
         vocabulary = {k: v for k, v in report.items() if k != "added"}
         vocabulary["added_first"] = [a["token"] for a in report.get("added", [])[:20]]

@@ -3,7 +3,9 @@ config.json) is checked before a model loads or a data file is read, so that a b
 a second with the flag's name rather than hours later deep in a batch.
 
 `check_flags(args)` raises ValueError (the CLI prints it as one line); it reads nothing but
-config.json. `check_output(...)` guards what `predict` writes.
+config.json. `check_output(...)` guards every file a command writes where the user names it (`predict
+--output`, `vocab --output`, `extract-features --output-file`, `export-onnx --output`, `convert-tf`'s
+directory), before the command loads or computes anything.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import json
 import math
 import os
 from pathlib import Path
+
+from ._files import special_kind
 
 # Counts that mean nothing at 0 or below (a batch of 0, a window of 0 tokens, ...).
 AT_LEAST_ONE = ("batch_size", "eval_batch_size", "grad_accum", "max_seq_length", "doc_stride", "max_query_length",
@@ -96,19 +100,27 @@ def check_positions(args: argparse.Namespace) -> None:
 
 
 def check_output(output: str | os.PathLike, inputs: list[str | os.PathLike], overwrite: bool,
-                 also: list[str | os.PathLike] = ()) -> None:
-    """Refuse to write `output` (and the side files `also`) over an input, or over an existing file
-    without `overwrite`: predictions never destroy what the user gave. ValueError naming --output."""
+                 also: list[str | os.PathLike] = (), flag: str = "--output") -> None:
+    """Refuse to write `output` (and the side files `also`) over an input, over something that is not a
+    regular file (a directory, a FIFO, a device node, a socket: a write would replace or block on it), or
+    over an existing file without `overwrite`: a command never destroys what the user gave. A symlink is
+    judged by what it points at (the write replaces its target and keeps the link). ValueError naming
+    `flag`; reads and writes nothing."""
     written = [Path(output), *(Path(p) for p in also)]
     for path in written:
-        if path.is_dir():
-            raise ValueError(f"--output {path} is a directory; give a file name")
+        kind = special_kind(path)
+        if kind == "a directory":
+            raise ValueError(f"{flag} {path} is a directory; give a file name")
+        if kind is not None:
+            shown = f"{path} (-> {os.path.realpath(path)})" if path.is_symlink() else str(path)
+            raise ValueError(f"{flag} {shown} is {kind}, not a regular file: refusing to write over it; give a "
+                             "file name")
         for source in inputs:
             source = Path(source)
             same = path.resolve() == source.resolve() or (path.exists() and source.exists()
                                                            and os.path.samefile(path, source))
             if same:
-                raise ValueError(f"--output {path} is the input file {source}: predictions never overwrite their "
-                                 f"input; choose another --output")
+                raise ValueError(f"{flag} {path} is the input file {source}: a command never overwrites its "
+                                 f"input; choose another {flag}")
         if path.exists() and not overwrite:
-            raise ValueError(f"--output: {path} exists; pass --overwrite to replace it")
+            raise ValueError(f"{flag}: {path} exists; pass --overwrite to replace it")

@@ -1,16 +1,23 @@
 """File helpers shared by every stage: atomic writes (checkpoints, models, features, shards), UTF-8 reading,
-and the marker of an unfinished run.
+the marker of an unfinished run and the lock that gives an output directory to one run.
 
 Every file a later step or a reader relies on is written through `atomic_open` (a file object) or
 `atomic_path` (a file name, for writers such as safetensors): a temporary file beside the target, renamed
-over it only when complete.
+over it only when complete. A symlink is followed (its target is replaced, in the target's directory, and
+the link stays); a path that is not a regular file (a FIFO, a device, a directory, a socket) is refused
+before anything is written (`write_target`). A write that fills the disk raises `DiskFullError`, one
+line naming the file.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
 import os
+import stat
 import tempfile
+import time
 from contextlib import contextmanager
 from typing import IO, Iterator
 
@@ -49,6 +56,70 @@ def fsync_directory(directory: str | os.PathLike) -> None:
         os.close(fd)
 
 
+# -- what a write replaces ---------------------------------------------------------------------------
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What `path` is when it exists and is not a regular file ("a FIFO (named pipe)", "a character device",
+    ...); None for a regular file or a path that does not exist. Symlinks are followed."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def write_target(path: str | os.PathLike) -> str:
+    """The file that writing `path` replaces: a symlink's final target (so that the link stays and what it
+    points at gets the new content, as `open(path, "w")` would), `path` itself otherwise.
+
+    ValueError (one line, naming `path`) when that is not a regular file: renaming a new file over a FIFO,
+    a device node or a socket would destroy it (and its reader would get nothing). Checked before any work.
+    """
+    path = os.fspath(path)
+    target = os.path.realpath(path) if os.path.islink(path) else path
+    kind = special_kind(target)
+    if kind is not None:
+        shown = path if target == path else f"{path} (-> {target})"
+        raise ValueError(f"{shown} is {kind}, not a regular file: refusing to write over it; give a file name")
+    return target
+
+
+class DiskFullError(OSError):
+    """A write ran out of disk space (ENOSPC, or a disk quota): one line naming the file being written.
+
+    Raised in place of the writer's own error (an OSError, torch's `RuntimeError: [enforce fail at
+    inline_container.cc]`, safetensors' `SafetensorError ... No space left on device`); the file's previous
+    content is kept, since the write went to a temporary file."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__(errno.ENOSPC, "no space left on device", os.fspath(path))
+
+    def __str__(self) -> str:
+        return f"no space left on device writing {self.filename}"
+
+
+_FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFull")
+
+
+def is_disk_full(error: BaseException | None) -> bool:
+    """Whether `error`, or an error it was raised from or while handling, says the disk is full."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(error) for text in _FULL_TEXTS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 @contextmanager
 def atomic_open(path: str | os.PathLike, mode: str = "wb", *, encoding: str | None = None,
                 newline: str | None = None, fsync: bool = False, prefix: str | None = None,
@@ -61,8 +132,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
     names it (default ".tmp."); `temporary` instead gives it a fixed name in the same directory (for
     writers whose leftovers are found and cleaned by name). `fsync`: flush the data to disk before the
     rename and the directory after it (checkpoints).
+
+    A symlink `path` is followed: its target is replaced, with a temporary file in the target's directory
+    (`write_target`); a FIFO, device, directory or socket is refused (ValueError) before anything is written.
+    Running out of disk space raises `DiskFullError` naming `path`.
     """
-    path = os.fspath(path)
+    path = write_target(path)
     directory = os.path.dirname(path) or "."
     if temporary is None:
         handle, name = temporary_file(directory, prefix=prefix or ".tmp.", suffix=".part")
@@ -77,6 +152,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "wb", *, encoding: str | No
                 file.flush()
                 os.fsync(file.fileno())
         os.replace(name, path)
+    except Exception as error:
+        if is_disk_full(error) and not isinstance(error, DiskFullError):
+            raise DiskFullError(path) from error
+        raise
     finally:
         if os.path.exists(name):
             os.unlink(name)
@@ -89,14 +168,18 @@ def atomic_path(path: str | os.PathLike, prefix: str = ".tmp.") -> Iterator[str]
     """`with atomic_path(path) as temporary:` for writers that take a file name, not a file (safetensors,
     `shutil.copyfile`): the block writes `temporary`, which is renamed over `path` when the block ends
     cleanly and removed if it raises. The result has `open()`'s default permissions even where the writer
-    recreates the file owner-only."""
-    path = os.fspath(path)
+    recreates the file owner-only. Symlinks, special files and a full disk as `atomic_open`."""
+    path = write_target(path)
     handle, temporary = temporary_file(os.path.dirname(path) or ".", prefix=prefix, suffix=".tmp")
     os.close(handle)
     try:
         yield temporary
         os.chmod(temporary, default_mode())
         os.replace(temporary, path)
+    except Exception as error:
+        if is_disk_full(error) and not isinstance(error, DiskFullError):
+            raise DiskFullError(path) from error
+        raise
     finally:
         if os.path.exists(temporary):
             os.unlink(temporary)
@@ -172,3 +255,70 @@ def check_finished(directory: str | os.PathLike) -> None:
         raise ValueError(f"{directory} holds an unfinished run ({RUNNING} marker: still running, failed or "
                          f"killed): finish it with the same command and --resume, or delete {RUNNING} to use the "
                          "model it kept so far")
+
+
+# -- one run per output directory ------------------------------------------------------------------
+
+LOCK = ".bertforge-lock"  # in a run's output directory while the run holds it (holds the run's process id)
+
+
+def _holder(fd: int) -> str:
+    """What the lock file says about the run holding it (its process id and command)."""
+    for _ in range(20):  # the holder writes it just after locking
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+        if text:
+            return text
+        time.sleep(0.05)
+    return "process unknown"
+
+
+@contextmanager
+def own_directory(directory: str | os.PathLike, what: str, enabled: bool = True) -> Iterator[None]:
+    """Hold `directory` for one run: an exclusive `flock` on `directory/.bertforge-lock`, taken before the
+    run looks at what the directory holds and kept until the block ends (normally or not; the kernel
+    releases it when the process dies, even by SIGKILL). A second run into the same directory is refused
+    at once, in one line naming the first run's process id: two runs checking "does it already hold a
+    run?" at the same moment would both pass, interleave their logs and leave one's model under the
+    other's name.
+
+    `enabled` False (the other ranks of a multi-process run) does nothing. A directory this call created
+    is removed again if the run left nothing in it (its settings were refused).
+    """
+    if not enabled:
+        yield
+        return
+    directory = os.fspath(directory)
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, LOCK)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, default_mode())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise ValueError(f"{directory} is in use by another run ({holder}): wait for it to end, or choose "
+                             "another output directory") from None
+        try:  # the previous holder may have removed the file between our open and flock: lock the one in place
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(os.fstat(fd), current):
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"process {os.getpid()}: {what}\n".encode())
+        yield
+    finally:
+        try:
+            os.unlink(path)  # while still locked: a run waiting on this file retries with a fresh one
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+        if created:
+            try:
+                os.rmdir(directory)  # only if empty
+            except OSError:
+                pass

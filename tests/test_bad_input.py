@@ -262,7 +262,7 @@ def test_predict_never_overwrites_its_input_nor_an_existing_file(models, tmp_pat
     predict = ["predict", "--model", str(models["classify"]), "--input", str(data)]
     for output in (data, tmp_path / "." / "in.csv"):
         assert main(predict + ["--output", str(output), "--overwrite"]) == 2
-        assert f"error: --output {output} is the input file {data}: predictions never overwrite" in _error(capsys)
+        assert f"error: --output {output} is the input file {data}: a command never overwrites its input" in _error(capsys)
         assert data.read_bytes() == original
 
     out = tmp_path / "out.tsv"
@@ -284,3 +284,206 @@ def test_predict_squad_side_files_are_guarded_too(models, tmp_path, capsys):
     assert main(["predict", "--model", str(models["squad"]), "--input", str(data), "--output",
                  str(tmp_path / "pred.json")]) == 2
     assert f"--output: {tmp_path / 'pred.nbest.json'} exists; pass --overwrite" in _error(capsys)
+
+
+# ---------------------------------------------------------------------------- issue 49: outputs (item 5)
+
+def test_predict_writes_through_a_symlink_and_refuses_a_fifo(models, tmp_path, capsys):
+    import os
+
+    data = tmp_path / "in.csv"
+    data.write_text("text\ngood film\nbad film\n")
+    predict = ["predict", "--model", str(models["classify"]), "--input", str(data)]
+    target = tmp_path / "kept" / "predictions.tsv"
+    target.parent.mkdir()
+    target.write_text("old\n")
+    link = tmp_path / "out.tsv"
+    link.symlink_to(target)
+    assert main(predict + ["--output", str(link)]) == 2  # the target exists: --overwrite is still needed
+    assert f"--output: {link} exists; pass --overwrite" in _error(capsys)
+    assert main(predict + ["--output", str(link), "--overwrite"]) == 0
+    assert link.is_symlink() and target.read_text().splitlines()[0] == "index\tprediction\tscore"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["predictions.tsv"]
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(predict + ["--output", str(fifo), "--overwrite"]) == 2
+    assert f"error: --output {fifo} is a FIFO (named pipe), not a regular file: refusing to write" in _error(capsys)
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)
+
+
+def test_vocab_never_replaces_a_file_without_overwrite(tmp_path, capsys):
+    import os
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the cat sat on the mat .\nthe dog sat on the log .\n" * 20)
+    out = tmp_path / "vocab.txt"
+    out.write_text("keep me\n")
+    vocab = ["vocab", "--input", str(corpus), "--vocab-size", "40", "--min-frequency", "1", "--output"]
+    assert main(vocab + [str(out)]) == 2
+    assert f"bertforge vocab: error: --output: {out} exists; pass --overwrite to replace it" in _error(capsys)
+    assert out.read_text() == "keep me\n"
+    assert main(vocab + [str(corpus), "--overwrite"]) == 2  # never the input, --overwrite or not
+    assert "is the input file" in _error(capsys)
+    target = tmp_path / "real_vocab.txt"
+    target.write_text("old\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    assert main(vocab + [str(link), "--overwrite"]) == 0
+    assert link.is_symlink() and target.read_text().startswith("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(vocab + [str(fifo), "--overwrite"]) == 2
+    assert f"--output {fifo} is a FIFO (named pipe), not a regular file" in _error(capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "link.txt", "pipe", "real_vocab.txt",
+                                                          "vocab.txt"]
+
+
+def test_other_commands_refuse_an_existing_output_before_loading_anything(config_only, tmp_path, capsys):
+    data = tmp_path / "in.txt"
+    data.write_text("good film\n")
+    existing = tmp_path / "exists.out"
+    existing.write_text("keep me\n")
+    assert main(["extract-features", "--model", str(config_only), "--input-file", str(data),
+                 "--output-file", str(existing)]) == 2
+    assert f"error: --output-file: {existing} exists; pass --overwrite to replace it" in _error(capsys)
+    assert main(["export-onnx", "--model", str(config_only), "--output", str(existing)]) == 2
+    assert f"error: --output: {existing} exists; pass --overwrite to replace it" in _error(capsys)
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    (converted / "config.json").write_text("{}")
+    assert main(["convert-tf", str(tmp_path / "ckpt" / "bert_model.ckpt"), str(converted)]) == 2
+    assert f"error: output_dir: {converted / 'config.json'} exists; pass --overwrite" in _error(capsys)
+    assert existing.read_text() == "keep me\n" and (converted / "config.json").read_text() == "{}"
+
+
+# ---------------------------------------------------------------------------- issue 49: smaller items (9)
+
+def _classify_files(directory: Path, labels: list[str], count: int = 64) -> tuple[Path, Path]:
+    words = ["good film", "bad film", "fine plot", "dull plot"]
+    train, dev = directory / "train.csv", directory / "dev.csv"
+    rows = [f"{words[i % 4]} {i},{labels[i % len(labels)]}" for i in range(count)]
+    train.write_text("text,label\n" + "\n".join(rows) + "\n")
+    dev.write_text("text,label\n" + "\n".join(rows[:8]) + "\n")
+    return train, dev
+
+
+def test_a_one_label_training_file_is_refused(config_only, tmp_path, capsys):
+    train, dev = _classify_files(tmp_path, ["good"])
+    assert main(["finetune", "classify", "--model", str(config_only), "--train-file", str(train), "--dev-file",
+                 str(dev), "--output-dir", str(tmp_path / "o")]) == 2
+    assert (f"error: {train}: every example has the label 'good': a classifier needs two or more labels"
+            in _error(capsys))
+    assert not (tmp_path / "o").exists()
+
+
+def test_reproduce_names_the_flag_of_a_bad_size(tmp_path, capsys):
+    assert main(["reproduce", "table5", "--config", "2/65/2", "--output-dir", str(tmp_path / "o")]) == 2
+    assert "error: --config: 2/65/2: #H (65) must be a multiple of #A (2)" in _error(capsys)
+    assert main(["reproduce", "table6", "--sizes", "2/128/2,2/65/2", "--output-dir", str(tmp_path / "o")]) == 2
+    assert "error: --sizes: 2/65/2: #H (65) must be a multiple of #A (2)" in _error(capsys)
+
+
+def test_ner_refuses_a_dev_tag_never_seen_in_training(config_only, tmp_path, capsys):
+    train, dev = tmp_path / "train.txt", tmp_path / "dev.txt"
+    train.write_text("John B-PER\nlives O\nin O\nParis B-LOC\n\nMary B-PER\njoined O\nAcme B-ORG\n")
+    dev.write_text("-DOCSTART- O\n\nAnna B-PER\nworks O\n\nat O\nAcme B-ORG\nInc I-ORG\n")
+    ner = ["finetune", "ner", "--model", str(config_only), "--train-file", str(train), "--dev-file", str(dev),
+           "--output-dir", str(tmp_path / "o")]
+    assert main(ner) == 2
+    assert (f"error: {dev}:8: tag 'I-ORG' never appears in {train} (its tags: O B-LOC B-ORG B-PER): the model "
+            "could not predict it" in _error(capsys))
+    assert main(ner + ["--max-train-examples", "1"]) == 2  # the sentences kept are what counts
+    assert f"error: {dev}:7: tag 'B-ORG' never appears in the first 1 sentences of {train}" in _error(capsys)
+    dev.write_text("Acme I-ORG\n")  # IOB1: read as B-ORG, shown as written
+    assert main(ner + ["--max-train-examples", "1"]) == 2
+    assert f"error: {dev}:1: tag 'I-ORG' (B-ORG in IOB2) never appears" in _error(capsys)
+
+
+# ---------------------------------------------------------------------------- issue 49: runs (items 6, 7, 8)
+
+def _log_steps(out: Path) -> list[int]:
+    return [r["step"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def _finetune(models, train, dev, out, *extra) -> list[str]:
+    return ["finetune", "classify", "--model", str(models["classify"]), "--train-file", str(train), "--dev-file",
+            str(dev), "--output-dir", str(out), "--batch-size", "16", "--log-every", "1", "--no-progress",
+            "--lr", "1e-3", "--max-seq-length", "32", *extra]
+
+
+def test_max_steps_wins_over_the_default_epochs(models, tmp_path, capsys):
+    train, dev = _classify_files(tmp_path, ["bad", "good"])  # 64 examples, batch 16: 4 steps an epoch
+    assert main(_finetune(models, train, dev, tmp_path / "a", "--max-steps", "20")) == 0
+    assert _log_steps(tmp_path / "a") == list(range(1, 21))  # not 12 (3 epochs)
+    assert "note" not in capsys.readouterr().err
+    # Both given: --max-steps wins, and that is said.
+    assert main(_finetune(models, train, dev, tmp_path / "b", "--max-steps", "6", "--epochs", "3")) == 0
+    assert _log_steps(tmp_path / "b") == list(range(1, 7))
+    assert "note: --max-steps 6 wins over --epochs 3: training runs 6 steps" in capsys.readouterr().err
+    assert main(_finetune(models, train, dev, tmp_path / "c", "--epochs", "1")) == 0
+    assert _log_steps(tmp_path / "c") == list(range(1, 5))
+
+
+def test_a_second_run_into_a_held_directory_is_refused_naming_the_first(models, tmp_path, capsys):
+    import os
+    import subprocess
+    import sys
+
+    train, dev = _classify_files(tmp_path, ["bad", "good"], count=16)
+    out = tmp_path / "out"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom bertforge._files import own_directory\n"
+         "with own_directory(sys.argv[1], 'bertforge fine-tuning (classify)'):\n"
+         "    print('holding', flush=True)\n    sys.stdin.read()\n", str(out)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        assert main(_finetune(models, train, dev, out, "--max-steps", "2")) == 2
+        assert (f"bertforge finetune: error: {out} is in use by another run (process {holder.pid}: bertforge "
+                "fine-tuning (classify)): wait for it to end" in _error(capsys))
+        assert sorted(p.name for p in out.iterdir()) == [".bertforge-lock"]  # nothing written by the second
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert main(_finetune(models, train, dev, out, "--max-steps", "2")) == 0  # once the first has ended
+    assert not (out / ".bertforge-lock").exists() and not (out / "RUNNING").exists()
+
+
+def test_a_full_disk_ends_finetune_in_one_line(models, tmp_path, capsys, monkeypatch):
+    import bertforge._files as files
+    from safetensors import SafetensorError
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                              '"No space left on device" })')
+
+    train, dev = _classify_files(tmp_path, ["bad", "good"], count=16)
+    out = tmp_path / "out"
+    monkeypatch.setattr(files, "save_file", full)
+    assert main(_finetune(models, train, dev, out, "--max-steps", "2")) == 1
+    err = _error(capsys)
+    assert err.startswith(f"bertforge finetune: error: no space left on device writing {out / 'model.safetensors'}; "
+                          "what was written before is intact")
+    assert "--resume" in err
+    assert not (out / "model.safetensors").exists() and not [p for p in out.iterdir() if ".tmp" in p.name]
+    assert (out / "RUNNING").exists() and not (out / ".bertforge-lock").exists()  # unfinished, and free
+
+
+def test_prepare_pretraining_replaces_earlier_instances_only_with_overwrite(uncased_vocab, tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\nIt was happy.\n\nA dog ran home.\nIt slept.\n")
+    out = tmp_path / "out"
+    flags = ["prepare-pretraining", "--input", str(corpus), "--vocab", str(uncased_vocab), "--input-format", "bert",
+             "--dupe-factor", "1", "--quiet", "--output-dir", str(out)]
+    assert main(flags) == 0
+    before = (out / "index.json").read_bytes()
+    capsys.readouterr()
+    assert main(flags + ["--seed", "7"]) == 2
+    assert (f"error: --output-dir {out} holds prepared instances (index.json); pass --overwrite to replace them"
+            in _error(capsys))
+    assert (out / "index.json").read_bytes() == before
+    assert main(flags + ["--seed", "7", "--overwrite"]) == 0
+    assert json.loads((out / "index.json").read_text())["seed"] == 7
+    assert not (out / ".bertforge-lock").exists()

@@ -7,6 +7,7 @@ import logging
 import sys
 
 from .._checks import check_flags, check_positions
+from .._files import is_disk_full
 from ..modeling.pretrained import resolve_model_dir
 from ..training import NonFiniteLossError
 from . import (convert_tf, export_onnx, features, finetune, plot, predict, prepare, pretrain, quickstart, reproduce,
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the command line `argv` (default: sys.argv[1:]); 0 on success, 2 for input to fix (one line on
-    stderr, no traceback)."""
+    """Run the command line `argv` (default: sys.argv[1:]); 0 on success, 2 for input to fix, 1 for a disk
+    that filled up (each one line on stderr, no traceback)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(features.attach_negative_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
@@ -52,7 +53,26 @@ def main(argv: list[str] | None = None) -> int:
         # A diverged run (too high a learning rate, ...): one line naming the checkpoint to resume from.
         print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except Exception as error:  # a full disk, whichever writer met it: one line, what was kept, what to do
+        if not is_disk_full(error):
+            raise
+        print(f"bertforge {args.command}: error: {disk_full_message(error, args)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def disk_full_message(error: BaseException, args: argparse.Namespace) -> str:
+    """"no space left on device writing PATH" (the file, where the writer named it), and for a training run
+    that the last checkpoint is kept and how to continue from it (writes go to temporary files, so a full
+    disk never leaves a truncated file under a final name)."""
+    text = str(error) if str(error).startswith("no space left on device") else "no space left on device" + (
+        f" writing {error.filename}" if isinstance(error, OSError) and error.filename else "")
+    if args.command in ("pretrain", "finetune"):
+        text += ("; what was written before is intact (the last checkpoint included): free some space, then "
+                 "rerun the same command with --resume")
+    else:
+        text += "; free some space and rerun"
+    return text
 
 
 __all__ = ["build_parser", "main"]

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from .._checks import check_output
 from ..modeling.tf_checkpoint import convert_tf_checkpoint
+
+# What convert-tf writes into its output directory.
+OUTPUTS = ("model.safetensors", "config.json", "vocab.txt", "tokenizer_config.json")
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -13,7 +18,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("output_dir")
     p.add_argument("--config", help="bert_config.json (default: beside the checkpoint)")
     p.add_argument("--vocab", help="vocab.txt (default: beside the checkpoint)")
-    p.set_defaults(func=run)
+    p.add_argument("--overwrite", action="store_true", help="replace a model already in output_dir")
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The files written into output_dir, before the checkpoint is read: never over the inputs (--config,
+    --vocab), a special file, or an existing file without --overwrite."""
+    files = [Path(args.output_dir) / name for name in OUTPUTS]
+    check_output(files[0], [p for p in (args.config, args.vocab) if p], args.overwrite, files[1:],
+                 flag="output_dir")
 
 
 def run(args: argparse.Namespace) -> None:

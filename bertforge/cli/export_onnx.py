@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from .._checks import check_output
 from ..serving.onnx import OnnxParityError, export_onnx
 
 
@@ -17,7 +18,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--opset", type=int, default=17)
     p.add_argument("--atol", type=float, default=1e-4, help="largest difference from PyTorch allowed")
     p.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
-    p.set_defaults(func=run)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """--output before the model loads and exports: never a special file, nor an existing file without
+    --overwrite."""
+    check_output(args.output, [], args.overwrite)
 
 
 def run(args: argparse.Namespace) -> None:

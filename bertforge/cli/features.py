@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .._checks import model_positions
+from .._checks import check_output, model_positions
 from ..tasks.features import extract_features
 
 
@@ -23,7 +23,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=_layers, default=[-1, -2, -3, -4], help="encoder layers, -1 = last")
     p.add_argument("--max-seq-length", type=int, help="default 128, or the model's positions if fewer")
     p.add_argument("--batch-size", type=int, default=32)
-    p.set_defaults(func=run)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output-file")
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """--output-file before the model loads: never the input, a special file, or an existing file without
+    --overwrite."""
+    check_output(args.output_file, [args.input_file], args.overwrite, flag="--output-file")
 
 
 def attach_negative_values(argv: list[str]) -> list[str]:

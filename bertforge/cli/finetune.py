@@ -5,6 +5,7 @@ task's recipe changes only their defaults (learning rate, epochs, batch size).""
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..tasks.choice import multiple_choice_task, predict_choice_file
@@ -38,11 +39,12 @@ def _lr_list(text: str) -> list[float]:
     return values
 
 
-def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float | None = 2e-5, epochs: float | None = 3.0,
+def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float | None = 2e-5,
                         batch_size: int | None = 32, max_seq_length: int = 128) -> None:
     """The flags every `finetune` task shares; a None default means "the task's recipe decides" (per
-    version, approach, ...)."""
-    recipe = {"lr": lr, "epochs": epochs, "batch_size": batch_size}
+    version, approach, ...). --epochs defaults to None whatever the recipe, so that `_arguments` can tell a
+    given --epochs from the recipe's (the recipe's epochs: `_arguments`' `epochs`)."""
+    recipe = {"lr": lr, "epochs": None, "batch_size": batch_size}
     p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt) "
                    "or Hub id (org/name[@revision])")
     add_settings_flags(p, FinetuneArguments, ("output_dir",))
@@ -94,7 +96,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--dev-file", required=True, help="SWAG CSV with labels (SWAG's val.csv)")
     p.add_argument("--test-file", help="SWAG CSV, labels optional: predicted into OUT/test_predictions.tsv")
     p.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
-    _add_finetune_flags(p, lr=2e-5, epochs=3.0, batch_size=16, max_seq_length=128)
+    _add_finetune_flags(p, lr=2e-5, batch_size=16, max_seq_length=128)
     p.set_defaults(func=run_multiple_choice)
     p = tasks.add_parser("squad", help="SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
                          "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)")
@@ -111,7 +113,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--tune-threshold", action="store_true",
                    help="v2.0: choose the threshold that maximises dev F1 at each evaluation (saved with the model)")
     p.add_argument("--max-train-examples", type=int, help="train on the first N questions only")
-    _add_finetune_flags(p, lr=5e-5, epochs=None, batch_size=None, max_seq_length=384)
+    _add_finetune_flags(p, lr=5e-5, batch_size=None, max_seq_length=384)
     p.set_defaults(func=run_squad, check=check_squad)
 
     p = tasks.add_parser("ner", help="CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, "
@@ -134,13 +136,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--lstm-dropout", type=float, default=0.1, help="--feature-based: dropout on the BiLSTM's "
                    "input, between its layers and before the classifier")
     # lr and epochs default per approach (see run_ner); None here means "that default".
-    _add_finetune_flags(p, lr=None, epochs=None, batch_size=16, max_seq_length=128)
+    _add_finetune_flags(p, lr=None, batch_size=16, max_seq_length=128)
     p.set_defaults(func=run_ner)
 
 
-def _arguments(args: argparse.Namespace) -> FinetuneArguments:
-    """FinetuneArguments from the flags `_add_finetune_flags` defines."""
-    return settings_from_args(FinetuneArguments, args)
+def _arguments(args: argparse.Namespace, epochs: float = 3.0) -> FinetuneArguments:
+    """FinetuneArguments from the flags `_add_finetune_flags` defines; `epochs`: the task's recipe, when
+    --epochs is not given. --max-steps wins over the epochs (the engine's rule); given with --epochs too,
+    that is said on stderr."""
+    if args.max_steps is not None and args.epochs is not None:
+        print(f"bertforge finetune: note: --max-steps {args.max_steps} wins over --epochs {args.epochs:g}: "
+              f"training runs {args.max_steps} steps", file=sys.stderr)
+    return settings_from_args(FinetuneArguments, args, epochs=args.epochs if args.epochs is not None else epochs)
 
 
 def _grid(args: argparse.Namespace) -> tuple[list[float] | None, list[int] | None]:
@@ -195,15 +202,15 @@ def check_squad(args: argparse.Namespace) -> None:
 
 
 def run_squad(args: argparse.Namespace) -> None:
-    for name, value in SQUAD_DEFAULTS[args.version].items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    recipe = SQUAD_DEFAULTS[args.version]
+    if args.batch_size is None:
+        args.batch_size = recipe["batch_size"]
     if args.tune_threshold and args.version != "2.0":
         raise ValueError("--tune-threshold chooses the no-answer threshold of SQuAD 2.0: add --version 2.0")
     task = squad_task(args.model, args.train_file, args.dev_file, version=args.version,
                       settings=SquadSettings(**squad_flags(args)), tune_threshold=args.tune_threshold,
                       eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
-    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args, recipe["epochs"]), *_grid(args))
     report_finetune(results, args.output_dir)
     print(f"predictions.json, nbest_predictions.json{', null_odds.json' if args.version == '2.0' else ''} and the "
           f"official script's results (percent) in {args.output_dir}/squad_eval.json")
@@ -213,7 +220,7 @@ def run_ner(args: argparse.Namespace) -> None:
     if args.feature_based:
         # A randomly initialised BiLSTM learns at the usual LSTM rates, not at BERT's fine-tuning rates.
         args.lr = args.lr or 1e-3
-        args.epochs = args.epochs or 4.0
+        epochs = 4.0
         task = feature_ner_task(args.model, args.train_file, args.dev_file, features=args.features,
                                 lstm_hidden=args.lstm_hidden, lstm_layers=args.lstm_layers, dropout=args.lstm_dropout,
                                 document_context=args.document_context, max_seq_length=args.max_seq_length,
@@ -221,11 +228,11 @@ def run_ner(args: argparse.Namespace) -> None:
                                 device=args.device, progress=args.progress)
     else:
         args.lr = args.lr or 5e-5
-        args.epochs = args.epochs or 3.0
+        epochs = 3.0
         task = ner_task(args.model, args.train_file, args.dev_file, document_context=args.document_context,
                         max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
                         max_train_examples=args.max_train_examples)
-    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args, epochs), *_grid(args))
     report_finetune(results, args.output_dir)
     if args.test_file:
         path, metrics = predict_conll(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.txt",

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..pretraining import prepare_pretraining
+from ..pretraining.shards import INDEX_NAME
 from ._common import expand
 
 
@@ -37,12 +39,18 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--strict", action="store_true", help="refuse input that is not UTF-8 (default: replace such "
                    "bytes with U+FFFD and report how many)")
+    p.add_argument("--overwrite", action="store_true", help="replace the instances an earlier run left in "
+                   "--output-dir")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    inputs = expand(args.input)
+    if (Path(args.output_dir) / INDEX_NAME).exists() and not args.overwrite:
+        raise ValueError(f"--output-dir {args.output_dir} holds prepared instances ({INDEX_NAME}); pass --overwrite "
+                         "to replace them")
     index = prepare_pretraining(
-        expand(args.input), args.vocab, args.output_dir, max_seq_length=args.max_seq_length,
+        inputs, args.vocab, args.output_dir, max_seq_length=args.max_seq_length,
         max_predictions_per_seq=args.max_predictions_per_seq, masked_lm_prob=args.masked_lm_prob,
         short_seq_prob=args.short_seq_prob, dupe_factor=args.dupe_factor, whole_word_mask=args.whole_word_mask,
         masking=args.masking, do_lower_case=args.do_lower_case, seed=args.seed, workers=args.workers,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from ..pretraining.trainer import PretrainingArguments, run_pretraining
@@ -27,6 +28,9 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.max_steps is not None and args.epochs is not None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"bertforge pretrain: note: --max-steps {args.max_steps} wins over --epochs {args.epochs:g}: "
+              f"training runs {args.max_steps} steps", file=sys.stderr)
     try:
         final = run_pretraining(settings_from_args(PretrainingArguments, args))
     except NonFiniteLossError as error:  # diverged: say where to resume from, no traceback

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
+from .._checks import check_output
+from .._files import atomic_path, write_target
 from ..pretraining.text import read_documents
 from ..tokenization import train_vocab
 from ..tokenization.extend import extend_vocab, report_path
+from ..tokenization.vocab import save_vocab
 from ._common import expand
 
 
@@ -23,7 +27,16 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new", type=int, help="--extend: words to add (default: as many as there are free slots)")
     p.add_argument("--min-pieces", type=int, default=3, help="--extend: add only words split into this many pieces")
     p.add_argument("--min-count", type=int, default=2, help="--extend: add only words seen this many times")
-    p.set_defaults(func=run)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --output (never an --input)")
+    p.set_defaults(func=run, check=check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """--output (and --extend's report beside it) before any text is read: never over an input, a special
+    file, or an existing file without --overwrite."""
+    also = [report_path(args.output)] if args.extend else []
+    inputs = [p for p in [args.extend] if p] + [p for p in args.input if Path(p).is_file()]
+    check_output(args.output, inputs, args.overwrite, also)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -31,8 +44,11 @@ def run(args: argparse.Namespace) -> None:
     if args.extend:
         run_extend(args, files)
         return
+    check_output(args.output, files, args.overwrite)  # the globs' files too
     vocab = train_vocab(files, vocab_size=args.vocab_size, lowercase=not args.cased,
-                        min_frequency=args.min_frequency, output=args.output)
+                        min_frequency=args.min_frequency)
+    with atomic_path(args.output, prefix=".vocab.") as temporary:  # a symlink's target; never half a file
+        save_vocab(vocab, temporary)
     print(f"wrote {args.output}: {len(vocab)} tokens ({'cased' if args.cased else 'uncased'}) "
           f"from {len(files)} file(s)")
 
@@ -43,8 +59,9 @@ def run_extend(args: argparse.Namespace, files: list[str]) -> None:
         raise ValueError("--cased: with --extend, case and accents follow the model's tokenizer settings")
     # The text prepare-pretraining reads (WikiExtractor markup and repeated titles dropped).
     texts = (sentence for file in files for document in read_documents(file) for sentence in document)
-    report = extend_vocab(args.extend, texts, args.output, max_new=args.max_new, min_pieces=args.min_pieces,
-                          min_count=args.min_count, inputs=files)
+    check_output(args.output, files, args.overwrite, [report_path(args.output)])
+    report = extend_vocab(args.extend, texts, write_target(args.output), max_new=args.max_new,
+                          min_pieces=args.min_pieces, min_count=args.min_count, inputs=files)
     before, after = report["before"], report["after"]
     print(f"wrote {args.output}: {report['new_words']} new words in [unusedN] slots ({report['unused_slots_left']} "
           f"left); {report['new_word_occurrences']:,} of {report['words']:,} word occurrences "

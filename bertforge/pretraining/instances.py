@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -56,6 +56,8 @@ import numpy as np
 class Document:
     tokens: np.ndarray   # int32, all sentences concatenated
     bounds: np.ndarray   # int64, sentence i is tokens[bounds[i]:bounds[i+1]]
+    # (index in the sentences given to `tokenize_document`, tokens) of each sentence over its `long_sentence`
+    long_sentences: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_sentences(self) -> int:
@@ -67,10 +69,12 @@ class Document:
 
 
 def tokenize_document(sentences: Sequence[str], tokenizer, unk_id: int, forbidden_ids: Sequence[int],
-                      batch_size: int = 4096) -> Document | None:
+                      batch_size: int = 4096, long_sentence: int | None = None) -> Document | None:
     """Token ids of a document's sentences via the tokenizer's batch path (ids identical to
     `tokenize`). Sentences with no tokens are dropped; special tokens that the raw text spells out
-    (a literal "[SEP]") become [UNK] so that they cannot fake the structure. None if empty."""
+    (a literal "[SEP]") become [UNK] so that they cannot fake the structure. None if empty.
+    `long_sentence`: record the sentences of more tokens than that in `Document.long_sentences` (an
+    instance keeps at most max_seq_length - 3 tokens of a sentence; the rest is never seen)."""
     token_parts: list[np.ndarray] = []
     length_parts: list[np.ndarray] = []
     for start in range(0, len(sentences), batch_size):
@@ -85,12 +89,14 @@ def tokenize_document(sentences: Sequence[str], tokenizer, unk_id: int, forbidde
     tokens = np.concatenate(token_parts)
     if len(tokens) == 0:
         return None
+    long_sentences = [] if long_sentence is None else \
+        [(int(i), int(lengths[i])) for i in np.flatnonzero(lengths > long_sentence)]
     if forbidden_ids:
         tokens[np.isin(tokens, np.asarray(forbidden_ids, dtype=np.int32))] = unk_id
     lengths = lengths[lengths > 0]
     bounds = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=bounds[1:])
-    return Document(tokens, bounds)
+    return Document(tokens, bounds, long_sentences)
 
 
 @dataclass

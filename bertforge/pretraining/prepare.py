@@ -27,14 +27,14 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .._files import write_text_atomic
+from .._files import own_directory, write_text_atomic
 from ..tokenization import BertTokenizer
 from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
 from ..tokenization.vocab import CLS, MASK, PAD, SEP, VOCAB_NAME, vocab_fingerprint
 from .shards import (CONTINUATION_NAME, FIELDS, FORMAT, INDEX_NAME, MASK_FIELDS, MAX_SEQ_LENGTH_LIMIT, id_dtype,
                      save_atomic, shard_file)
 from .text import FORMATS, check_utf8
-from .workers import _assign_files, _run_parallel, _run_worker
+from .workers import _assign_files, _run_parallel, _run_worker, long_sentence_limit
 
 logger = logging.getLogger("bertforge")
 
@@ -82,6 +82,31 @@ def _check_vocab_target(directory: Path, vocab_file: Path, fingerprint: str) -> 
     if existing is None or previous != existing:
         raise ValueError(f"{target} already exists and is another vocabulary than {vocab_file}; the output directory "
                          f"gets the vocabulary its data is made with: choose another --output-dir or move {target} away")
+
+
+def _line_of(path: str, start: str) -> int | None:
+    """The first line of `path` holding `start` (a sentence's opening words), None if none does (a
+    sentence joined from a hard-wrapped paragraph's lines may begin mid-line: then that line)."""
+    if not start:
+        return None
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if start in line:
+                return number
+    return None
+
+
+def _warn_long_sentences(path: str, record: dict, max_seq_length: int) -> dict:
+    """One warning for a file's sentences over `long_sentence_limit`; the record as kept in the index
+    (with the longest one's line)."""
+    line = _line_of(path, record["start"])
+    where = f"{path}:{line}" if line is not None else path
+    logger.warning("%s: a sentence of %d tokens, over twice --max-seq-length %d: an instance keeps at most %d of a "
+                   "sentence's tokens; %d such sentence(s) in this file, %d tokens more than their instances "
+                   "hold (one sentence per line, or text with sentence punctuation, avoids it)", where,
+                   record["longest"], max_seq_length, max_seq_length - 3, record["sentences"], record["tokens_dropped"])
+    return {"sentences": record["sentences"], "tokens_dropped": record["tokens_dropped"],
+            "longest": record["longest"], "line": line, "limit": long_sentence_limit(max_seq_length)}
 
 
 def _write_tokenizer(directory: Path, vocab_file: Path, settings: dict) -> None:
@@ -133,8 +158,29 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     for a missing input or vocabulary, ValueError for bad settings or a corpus with no document.
     Bytes that are not UTF-8 are read as U+FFFD and counted: the index's `replaced_bytes` maps each
     such file to its count (and `stats["replaced_bytes"]` totals them); `strict=True` instead refuses
-    the first such byte (file, line, offset) before any work starts.
+    the first such byte (file, line, offset) before any work starts. `output_dir` is locked for the run
+    (`bertforge._files.own_directory`): a second run into it is refused while this one lasts.
+
+    A sentence of more than twice `max_seq_length` tokens loses most of them (an instance keeps at most
+    `max_seq_length - 3`; Google's script cuts them silently): each file with such sentences gets one
+    warning naming the longest one's line, how many there are and how many tokens they have beyond what
+    an instance holds (the index's `long_sentences`).
     """
+    with own_directory(output_dir, "bertforge prepare-pretraining"):  # two runs would mix their shards
+        return _prepare_pretraining(
+            inputs, vocab_file, output_dir, max_seq_length=max_seq_length,
+            max_predictions_per_seq=max_predictions_per_seq, masked_lm_prob=masked_lm_prob,
+            short_seq_prob=short_seq_prob, dupe_factor=dupe_factor, whole_word_mask=whole_word_mask, masking=masking,
+            do_lower_case=do_lower_case, seed=seed, workers=workers, input_format=input_format, shard_size=shard_size,
+            buffer_documents=buffer_documents, buffer_tokens=buffer_tokens, progress=progress, strict=strict)
+
+
+def _prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | os.PathLike,
+                         output_dir: str | os.PathLike, *, max_seq_length: int, max_predictions_per_seq: int,
+                         masked_lm_prob: float, short_seq_prob: float, dupe_factor: int, whole_word_mask: bool,
+                         masking: str, do_lower_case: bool | None, seed: int, workers: int, input_format: str,
+                         shard_size: int, buffer_documents: int, buffer_tokens: int, progress: bool,
+                         strict: bool) -> dict:
     _validate(max_seq_length, max_predictions_per_seq, masked_lm_prob, short_seq_prob, dupe_factor, masking,
               input_format, workers, shard_size, buffer_documents, buffer_tokens)
     files = [str(f) for f in inputs]
@@ -182,10 +228,15 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
     stats: Counter = Counter()
     formats: Counter = Counter()
     replaced: dict[str, int] = {}
+    long_sentences: dict[str, dict] = {}
     for result in results:
         stats.update(result["stats"])
         formats.update(result["formats"])
         replaced.update(result["replaced"])
+        long_sentences.update(result["long_sentences"])
+    for file in files:
+        if file in long_sentences:
+            long_sentences[file] = _warn_long_sentences(file, long_sentences[file], max_seq_length)
     if stats["documents"] == 0:
         _clear_outputs(directory, vocab_path)
         raise ValueError(f"no documents in the {len(files)} input file(s): the corpus is empty")
@@ -227,6 +278,7 @@ def prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | o
                   for key, value in sorted(stats.items())},
         "input_formats": dict(sorted(formats.items())),
         "replaced_bytes": {file: replaced[file] for file in files if file in replaced},
+        "long_sentences": {file: long_sentences[file] for file in files if file in long_sentences},
         "workers": workers,
         "buffer_documents": buffer_documents,
         "buffer_tokens": buffer_tokens,

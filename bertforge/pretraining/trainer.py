@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .._files import default_mode, finish_run, mark_running
+from .._files import default_mode, finish_run, mark_running, own_directory
 from ..modeling import BertConfig, BertForPreTraining
 from ..modeling.config import CONFIG_NAME, PRESETS
 from ..modeling.pretrained import resolve_model_dir
@@ -85,8 +85,8 @@ class PretrainingArguments(RunSettings):
                                 "5e-5)")
     warmup_steps: int | None = override(RunSettings, "warmup_steps", help="linear warm-up steps (default: 1%% of "
                                         "all steps; with --init-from 10%%)")
-    max_steps: int | None = override(RunSettings, "max_steps", help="optimizer steps, both phases (default: one "
-                                     "epoch of --data)")
+    max_steps: int | None = override(RunSettings, "max_steps", help="optimizer steps, both phases; wins over "
+                                     "--epochs (default: one epoch of --data)")
     save_every: int | None = override(RunSettings, "save_every", 1000,
                                       help="checkpoint every N steps (and at the end)")
     eval_data: str | os.PathLike | None = setting(None, "prepared instances to evaluate on")
@@ -263,8 +263,14 @@ def build_model(config: BertConfig, seed: int, nsp: bool, init_from: Path | None
 def run_pretraining(args: PretrainingArguments, stop_at_step: int | None = None) -> Path:
     """Pre-train as `args` say; returns OUT/final (the model in from_pretrained layout).
 
-    `stop_at_step` ends the run early (with a checkpoint, no final model), as an interruption would.
+    `stop_at_step` ends the run early (with a checkpoint, no final model), as an interruption would. OUT is
+    locked for the run (`own_directory`): a second run into it is refused while this one lasts.
     """
+    with own_directory(args.output_dir, "bertforge pre-training", enabled=int(os.environ.get("RANK", "0")) == 0):
+        return _run_pretraining(args, stop_at_step)
+
+
+def _run_pretraining(args: PretrainingArguments, stop_at_step: int | None) -> Path:
     if args.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {args.objective!r}")
     if (args.phase2_data is None) != (args.phase2_steps is None):

@@ -73,6 +73,8 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
     stats = Counter()
     formats = Counter()
     replaced_by_file: dict[str, int] = {}  # file -> bytes that were not UTF-8 (read as U+FFFD)
+    long_by_file: dict[str, dict] = {}  # file -> its sentences far over max_seq_length (`long_sentence_limit`)
+    limit = long_sentence_limit(job["max_seq_length"])
 
     def documents():
         for path in job["files"]:
@@ -87,8 +89,11 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
 
             before = replaced_bytes()
             for sentences in read_documents(path, fmt, progress):
-                document = tokenize_document(sentences, tokenizer, unk_id, (pad_id, cls_id, sep_id, mask_id))
+                document = tokenize_document(sentences, tokenizer, unk_id, (pad_id, cls_id, sep_id, mask_id),
+                                             long_sentence=limit)
                 if document is not None:
+                    for index, length in document.long_sentences:
+                        _count_long_sentence(long_by_file, path, sentences[index], length, job["max_seq_length"])
                     yield document
             if replaced_bytes() > before:
                 replaced_by_file[path] = replaced_bytes() - before
@@ -148,7 +153,26 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
         stats["not_next_same_document"] += inst.same_document_fallback
     writer.flush()
     return {"worker": job["worker"], "shards": writer.shards, "stats": dict(stats), "formats": dict(formats),
-            "replaced": replaced_by_file}
+            "replaced": replaced_by_file, "long_sentences": long_by_file}
+
+
+def long_sentence_limit(max_seq_length: int) -> int:
+    """Sentences of more tokens than this are reported (`prepare_pretraining` warns once per file): twice
+    the instance length, where most of the sentence never reaches an instance (an instance keeps at most
+    max_seq_length - 3 of its tokens, as Google's `truncate_seq_pair`, which cuts silently). Usually a file
+    whose text is not split into sentences (a whole document on one line, no sentence punctuation)."""
+    return 2 * max_seq_length
+
+
+def _count_long_sentence(long_by_file: dict[str, dict], path: str, sentence: str, length: int,
+                         max_seq_length: int) -> None:
+    """Add one over-long sentence to its file's record: how many, the tokens beyond what an instance holds,
+    and the longest one's length and opening words (to find its line for the warning)."""
+    record = long_by_file.setdefault(path, {"sentences": 0, "tokens_dropped": 0, "longest": 0, "start": ""})
+    record["sentences"] += 1
+    record["tokens_dropped"] += length - (max_seq_length - 3)
+    if length > record["longest"]:
+        record["longest"], record["start"] = length, sentence.strip()[:40]
 
 
 def _worker_main(job: dict, messages) -> None:

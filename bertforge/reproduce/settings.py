@@ -111,6 +111,8 @@ class ReproduceSettings:
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         parse_sizes(self.sizes)
+        if self.config is not None:
+            config_size(self.config)  # an #L/#H/#A --config is checked as --config, not as --sizes
         if self.glue_tasks and self.table == "table7":
             raise ValueError("--glue adds sentence-level columns to table5 and table6; table7 is about token tasks")
         if self.table == "table7" and config_layers(self.config) is not None and config_layers(self.config) < 4:
@@ -128,19 +130,20 @@ class ReproduceSettings:
         return [self.seed + 1 + k for k in range(self.seeds)]
 
 
-def parse_sizes(text: str) -> list[tuple[int, int, int]]:
-    """"2/128/2,4/256/4" -> [(2, 128, 2), (4, 256, 4)]: (#L, #H, #A); #H must divide by #A."""
+def parse_sizes(text: str, flag: str = "--sizes") -> list[tuple[int, int, int]]:
+    """"2/128/2,4/256/4" -> [(2, 128, 2), (4, 256, 4)]: (#L, #H, #A); #H must divide by #A. Errors name
+    `flag`, the option the text came from (--sizes, or --config for one size)."""
     sizes = []
     for part in text.split(","):
         match = _SIZE.match(part.strip())
         if not match:
-            raise ValueError(f"--sizes {text!r}: each size is #L/#H/#A, e.g. 4/256/4")
+            raise ValueError(f"{flag} {text!r}: each size is #L/#H/#A, e.g. 4/256/4")
         layers, hidden, heads = (int(g) for g in match.groups())
         if min(layers, hidden, heads) < 1 or hidden % heads:
-            raise ValueError(f"--sizes: {part.strip()}: #H ({hidden}) must be a multiple of #A ({heads}), all >= 1")
+            raise ValueError(f"{flag}: {part.strip()}: #H ({hidden}) must be a multiple of #A ({heads}), all >= 1")
         sizes.append((layers, hidden, heads))
     if len(set(sizes)) != len(sizes):
-        raise ValueError(f"--sizes {text!r}: a size is repeated")
+        raise ValueError(f"{flag} {text!r}: a size is repeated")
     return sizes
 
 
@@ -148,7 +151,7 @@ def config_size(config: str) -> tuple[int, int, int] | None:
     """(#L, #H, #A) of a preset or an "L/H/A" string; None for a config.json path."""
     if config in PRESETS:
         return PRESETS[config]
-    return parse_sizes(config)[0] if _SIZE.match(config) else None
+    return parse_sizes(config, "--config")[0] if _SIZE.match(config) else None
 
 
 def config_layers(config: str) -> int | None:

@@ -227,6 +227,9 @@ def classify_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, d
     """The `FinetuneTask` of the user's own files (see `read_classify_file`); the label list is the
     training file's, saved with the model as `config.id2label`. `long_input`: see `classification_task`."""
     train, label_list = read_classify_file(train_file, regression)
+    if label_list is not None and len(label_list) < 2:  # saved as num_labels 1, which loaders read as regression
+        raise ValueError(f"{train_file}: every example has the label {label_list[0]!r}: a classifier needs two or "
+                         "more labels (for numeric targets pass --regression)")
     dev, _ = read_classify_file(dev_file, regression, label_list=label_list)
 
     def metrics_fn(split: str, predictions, labels) -> dict[str, float]:

@@ -335,27 +335,50 @@ class NerData:
 
 def prepare_ner_data(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_file: str | os.PathLike, *,
                      document_context: bool = False, max_seq_length: int = 128,
-                     max_train_examples: int | None = None) -> NerData:
+                     max_train_examples: int | None = None, unseen_dev_tags: str = "error") -> NerData:
     """Read both files, take the label list from the training file, and window both.
 
     `max_train_examples` keeps the first N training sentences (document context then comes from those).
+    A dev tag that the training sentences never have is refused (`check_dev_tags`), or with
+    `unseen_dev_tags="warn"` logged (for subsets drawn by a program, as `bertforge reproduce` does).
     """
-    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
-    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     train = read_conll(train_file)
     if max_train_examples is not None:
         train = train[:max_train_examples]
     dev = read_conll(dev_file)
     labels = label_list_from(train)
-    unseen = sorted({t for s in dev for t in s.tags} - set(labels))
-    if unseen:
-        logger.warning("%s: tags never seen in training (the model cannot predict them): %s", dev_file, unseen)
+    try:
+        check_dev_tags(dev, labels, dev_file, train_file, max_train_examples)
+    except ValueError as error:
+        if unseen_dev_tags != "warn":
+            raise
+        logger.warning("%s", error)
+    check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
+    tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     pieces = word_piece_ids(tokenizer, (w for s in train + dev for w in s.words))
     label_map = {label: i for i, label in enumerate(labels)}
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     train_windows = build_windows(train, pieces, max_seq_length, cls, sep, label_map, document_context)
     dev_windows = build_windows(dev, pieces, max_seq_length, cls, sep, None, document_context)
     return NerData(tokenizer, train, dev, labels, train_windows, dev_windows, max_seq_length, document_context)
+
+
+def check_dev_tags(dev: Sequence[Sentence], labels: Sequence[str], dev_file: str | os.PathLike,
+                   train_file: str | os.PathLike, max_train_examples: int | None = None) -> None:
+    """ValueError naming the dev file's line and the tag, for the first dev tag that is not a training label:
+    the model has no output for it, so every such entity would count as missed and the dev F1 that picks
+    the best epoch would be wrong without a word (a typo such as B-PRE, or a type absent from training)."""
+    known = set(labels)
+    for sentence in dev:
+        for offset, tag in enumerate(sentence.tags or ()):
+            if tag not in known:
+                source = f"the first {max_train_examples} sentences of {train_file}" if max_train_examples \
+                    else str(train_file)
+                raw = sentence.columns[offset][-1]
+                shown = repr(tag) if raw == tag else f"{raw!r} ({tag} in IOB2)"
+                raise ValueError(f"{dev_file}:{sentence.line + offset}: tag {shown} never appears in {source} "
+                                 f"(its tags: {' '.join(labels)}): the model could not predict it; fix the tag "
+                                 "or add training sentences with it")
 
 
 # ---------------------------------------------------------------------------- reading for prediction

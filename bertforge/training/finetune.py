@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._files import RUNNING, finish_run, mark_running
+from .._files import LOCK, RUNNING, finish_run, mark_running, own_directory
 from ..modeling import use_unpadded
 from .checkpoint import atomic_write, latest_checkpoint
 from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer
@@ -107,8 +107,19 @@ def _json_dump(path: Path, value: Any) -> None:
     atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
+def _is_main_process() -> bool:
+    """Rank 0 of a multi-process run (or the only process): the one that owns OUT."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
-    """Fine-tune once; returns the best evaluation as written to OUT/eval_results.json."""
+    """Fine-tune once; returns the best evaluation as written to OUT/eval_results.json. OUT is locked for
+    the run (`own_directory`): a second run into it is refused while this one lasts."""
+    with own_directory(args.output_dir, f"bertforge fine-tuning ({task.name})", enabled=_is_main_process()):
+        return _finetune(task, args)
+
+
+def _finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
     if (output_dir / SUMMARY).exists():  # a single run here would overwrite the grid's best model
         raise ValueError(f"{output_dir} holds a learning-rate/seed grid ({SUMMARY}): repeat its --lr-grid/--seeds "
@@ -215,13 +226,16 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
     """
     if lrs is None and seeds is None:
         return finetune(task, args)
-    lrs = list(lrs or [args.lr])
-    seeds = list(seeds or [args.seed])
+    with own_directory(args.output_dir, f"bertforge fine-tuning grid ({task.name})", enabled=_is_main_process()):
+        return _finetune_grid(task, args, list(lrs or [args.lr]), list(seeds or [args.seed]))
+
+
+def _finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: list[float], seeds: list[int]) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
     if (output_dir / LOG_NAME).exists():  # the grid would overwrite that run's model with its best one
         raise ValueError(f"{output_dir} holds a single run ({LOG_NAME}), not a learning-rate/seed grid: "
                          "choose another --output-dir for the grid")
-    if int(os.environ.get("RANK", "0")) == 0:  # OUT gets the best run's model only when every run is done
+    if _is_main_process():  # OUT gets the best run's model only when every run is done
         mark_running(output_dir, f"bertforge fine-tuning grid ({task.name})")
     runs = []
     for lr in lrs:
@@ -254,7 +268,7 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
                "metrics": by_lr[f"{best_lr:g}"], "best_run": best_run, "by_lr": by_lr, "runs": runs}
     _copy_model(Path(best_run["dir"]), output_dir)
     _json_dump(output_dir / SUMMARY, summary)
-    if int(os.environ.get("RANK", "0")) == 0:
+    if _is_main_process():
         finish_run(output_dir)
     return summary
 
@@ -262,5 +276,5 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
 def _copy_model(source: Path, target: Path) -> None:
     """The files of a finished run (model, tokenizer, eval results, predictions), not its checkpoints or log."""
     for path in source.iterdir():
-        if path.is_file() and path.name != LOG_NAME:
+        if path.is_file() and path.name not in (LOG_NAME, LOCK):
             shutil.copy2(path, target / path.name)

@@ -152,7 +152,9 @@ def training_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], phase_ste
 def phase_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], max_steps: int | None,
                 epochs: float | None) -> list[int]:
     """The optimizer steps of each phase: its own `steps`, else what `max_steps` leaves of the total after
-    the other phases, or `epochs` passes over its data, whichever is fewer."""
+    the other phases, else `epochs` passes over its data. `max_steps` wins over `epochs`, as in Hugging Face's
+    Trainer: given both, training runs `max_steps` steps, passing over the data as many times as that takes
+    (a recipe's default epochs never cut a step count the user asked for)."""
     if max_steps is None and epochs is None and any(p.steps is None for p in phases):
         raise ValueError("say how long to train: max_steps or epochs")
     steps = []
@@ -163,7 +165,7 @@ def phase_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], max_steps: i
         remaining = None if max_steps is None else max_steps - sum(
             p.steps or 0 for i, p in enumerate(phases) if i != index)
         by_epochs = None if epochs is None else math.ceil(epochs * plan.steps_per_epoch)
-        count = min(x for x in (remaining, by_epochs) if x is not None)
+        count = remaining if remaining is not None else by_epochs
         if count < 1:
             raise ValueError(f"phase {index + 1} gets {count} steps: max_steps ({max_steps}) leaves none")
         steps.append(count)

@@ -49,8 +49,9 @@ class TrainingSettings:
     output_dir: str | os.PathLike = setting(help="where the run writes log.jsonl, checkpoints/ and the model")
     batch_size: int = setting(32, "examples per micro-batch, all processes together")
     grad_accum: int = setting(1, "micro-batches per optimizer step")
-    max_steps: int | None = setting(None, "optimizer steps in all (instead of --epochs)")
-    epochs: float | None = setting(None, "passes over the training data (instead of --max-steps)")
+    max_steps: int | None = setting(None, "optimizer steps in all; wins over --epochs (and its default): the data "
+                                    "is passed over as many times as N steps take")
+    epochs: float | None = setting(None, "passes over the training data (ignored when --max-steps is given)")
     lr: float = setting(1e-4, "peak learning rate")
     weight_decay: float = setting(0.01, "AdamW weight decay (none on LayerNorm weights and biases)")
     warmup_steps: int | None = setting(None, "linear warm-up steps (instead of --warmup-ratio)")

@@ -521,3 +521,31 @@ def test_output_dir_gets_the_vocabulary_and_keeps_the_users(vocab, tmp_path):
                                 f"--output-dir or move {mine / 'vocab.txt'} away")
     assert sorted(p.name for p in mine.iterdir()) == ["vocab.txt"]
     assert (mine / "vocab.txt").read_text() == "my own\n"
+
+
+# ---------------------------------------------------------------- sentences far over max_seq_length
+
+
+def test_a_sentence_far_over_the_instance_length_is_reported_once_per_file(uncased_vocab, tmp_path, caplog):
+    # Issue 49: Google's script keeps one instance's worth of a 2,000,000-word line and says nothing.
+    short = "the cat sat on the mat .\nit was happy .\n\na dog barked .\nit ran off .\n"
+    words = " ".join(["house", "tree", "river", "stone"] * 250)  # 1,000 tokens, one line, no full stop
+    long_file, plain = tmp_path / "long.txt", tmp_path / "plain.txt"
+    long_file.write_text(short + "\n" + words + "\nthe end .\n\n" + " ".join(["cat"] * 200) + "\n")
+    plain.write_text(short + " ".join(["cat"] * 100) + "\n")  # 100 tokens: over 61, under twice 64
+    with caplog.at_level("WARNING", logger="bertforge"):
+        index = prepare_pretraining([long_file, plain], uncased_vocab, tmp_path / "out", max_seq_length=64,
+                                    max_predictions_per_seq=10, dupe_factor=1, input_format="bert", progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [f"{long_file}:7: a sentence of 1000 tokens, over twice --max-seq-length 64: an instance "
+                        "keeps at most 61 of a sentence's tokens; 2 such sentence(s) in this file, 1078 tokens more "
+                        "than their instances hold (one sentence per line, or text with sentence punctuation, "
+                        "avoids it)"]  # (1000 - 61) + (200 - 61)
+    assert index["long_sentences"] == {str(long_file): {"sentences": 2, "tokens_dropped": 1078, "longest": 1000,
+                                                        "line": 7, "limit": 128}}
+    assert max(index_lengths(tmp_path / "out")) <= 64
+
+
+def index_lengths(directory: Path) -> list[int]:
+    _, arrays = load_all(directory)
+    return arrays["lengths"].tolist()

@@ -265,3 +265,47 @@ def test_data_prepared_without_its_vocab_still_trains_with_vocab(corpus, tmp_pat
     assert main(["pretrain", "--data", str(old), "--vocab", str(corpus / "vocab.txt"),
                  "--output-dir", str(tmp_path / "b"), *common]) == 0
     assert (tmp_path / "b" / "final" / "vocab.txt").is_file()
+
+
+def test_a_full_disk_ends_pretrain_in_one_line_and_the_run_resumes(corpus, tmp_path, capsys, monkeypatch):
+    # Issue 49, item 8: was 38 lines of traceback ending in torch's "[enforce fail at inline_container.cc]".
+    import errno
+
+    out = tmp_path / "run"
+    command = ["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", "tiny",
+               "--output-dir", str(out), "--max-steps", "10", "--save-every", "5", "--batch-size", "8",
+               "--no-progress"]
+    real_save, calls = torch.save, []
+
+    def fills_the_disk(obj, file):  # the second checkpoint (step 10) meets a full disk, as torch.save does
+        calls.append(1)
+        if len(calls) == 1:
+            return real_save(obj, file)
+        file.write(b"PK\x03\x04")
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0") from None
+
+    monkeypatch.setattr(torch, "save", fills_the_disk)
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"bertforge pretrain: error: no space left on device writing "
+                          f"{out / 'checkpoints' / 'checkpoint-00000010.pt'}; what was written before is intact")
+    monkeypatch.undo()
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-00000005.pt", "latest"]
+    assert (out / "RUNNING").exists() and not (out / "final").exists() and not (out / ".bertforge-lock").exists()
+    assert main(command + ["--resume"]) == 0
+    assert [r["step"] for r in train_log(out)][-1] == 10 and (out / "final" / "model.safetensors").is_file()
+
+
+def test_max_steps_wins_over_epochs_in_pretrain(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    instances = json.loads((corpus / "p64" / "index.json").read_text())["num_instances"]
+    steps = instances // 64 + 3  # more than one epoch of batch 64
+    assert main(["pretrain", "--data", str(corpus / "p64"), "--vocab", str(corpus / "vocab.txt"), "--config", "tiny",
+                 "--output-dir", str(out), "--max-steps", str(steps), "--epochs", "1", "--batch-size", "64",
+                 "--save-every", "1000", "--log-every", "1", "--no-progress"]) == 0
+    assert f"note: --max-steps {steps} wins over --epochs 1: training runs {steps} steps" in capsys.readouterr().err
+    assert [r["step"] for r in train_log(out)] == list(range(1, steps + 1))

@@ -74,7 +74,7 @@ def test_cli_extract_features_and_errors(tiny_dir, tmp_path, capsys):
                  "--output-file", str(out), "--layers", "-1,-2"]) == 0
     assert len(json.loads(out.read_text())["features"][0]["layers"]) == 2
     assert main(["extract-features", "--model", str(tmp_path / "nope"), "--input-file", str(source),
-                 "--output-file", str(out)]) == 2
+                 "--output-file", str(out), "--overwrite"]) == 2
     assert "nope" in capsys.readouterr().err
 
 
@@ -86,5 +86,5 @@ def test_cli_vocab(tmp_path, capsys):
     tokens = vocab.read_text().splitlines()
     assert tokens[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     assert "The" in tokens  # cased
-    assert main(["vocab", "--input", str(tmp_path / "none*.txt"), "--output", str(vocab)]) == 2
+    assert main(["vocab", "--input", str(tmp_path / "none*.txt"), "--output", str(vocab), "--overwrite"]) == 2
     assert "no file matches" in capsys.readouterr().err
