@@ -24,7 +24,8 @@ from torch import nn
 from .attention import KEY_BLOCK, attention_mask_for  # noqa: F401 (re-exported)
 from .config import BertConfig
 from .dropout import Dropout
-from .kernels import Linear, _autocasting, onednn_linear_op, share_storage, stacked_parameter  # noqa: F401 (onednn_linear_op re-exported)
+from .kernels import Linear, _autocasting, share_storage, stacked_parameter
+from .kernels import onednn_linear_op  # noqa: F401 (re-exported)
 from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size  # noqa: F401 (re-exported)
 from .plans import REFERENCE, Plan, choose_plan
 from .pretrained import PreTrainedBert
