@@ -1,9 +1,11 @@
 """The BERT encoder, its heads, and checkpoint I/O.
 
-bert.py (the paper's layers and `BertModel`), packing.py (the unpadded path and row buckets), kernels.py
-(CPU inference kernels), heads.py (pre-training and task heads), config.py, pretrained.py (checkpoint
-I/O), hub.py (models by Hub id), inference.py (bf16, int8, unpadded inference), modes.py (evaluation
-mode for a block), tf_checkpoint.py + tf_bundle.py (Google's TF checkpoints).
+bert.py (the paper's layers and `BertModel`), plans.py (how a forward pass runs: its execution plan,
+chosen once per call), attention.py (every attention computation), packing.py (the unpadded layout and
+row buckets), kernels.py (the dense products' CPU kernels), dropout.py (the CPU dropout mask), heads.py
+(pre-training and task heads), config.py, pretrained.py (checkpoint I/O), hub.py (models by Hub id),
+inference.py (bf16, int8, unpadded inference), modes.py (evaluation mode for a block), tf_checkpoint.py
++ tf_bundle.py (Google's TF checkpoints).
 """
 
 from .bert import BertModel, EncoderOutput, use_unpadded

@@ -1,4 +1,4 @@
-"""Dropout (Srivastava et al. 2014) with a cheaper mask on CPU, and attention that uses it.
+"""Dropout (Srivastava et al. 2014) with a cheaper mask on CPU (`attention.attend` uses it on the probabilities).
 
 Why: torch's CPU dropout draws its mask with one generator call per element (`aten::bernoulli_`,
 single-threaded), a large share of a small BERT's training step (BENCHMARKS.md, "Continued
@@ -12,8 +12,7 @@ and int16 comparison; the seed comes from torch's generator, so `torch.manual_se
 and a saved RNG state reproduce every mask (exact resume). The mask is applied, forward and backward,
 as one multiply by a 0/1 byte tensor and the scale (`addcmul`), not a multiply and a masked fill.
 
-On other devices (whose own dropout kernels are fast) and outside training these are
-`F.dropout` and `F.scaled_dot_product_attention` unchanged.
+On other devices (whose own dropout kernels are fast) and outside training this is `F.dropout` unchanged.
 """
 from __future__ import annotations
 
@@ -84,33 +83,3 @@ class Dropout(nn.Dropout):
         if self.inplace or not _fast(x, self.p, self.training):
             return super().forward(x)
         return dropout(x, self.p, self.training)
-
-
-def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-                                 is_causal: bool = False) -> torch.Tensor:
-    """`F.scaled_dot_product_attention` (query (..., L, D), key/value (..., K, D) -> (..., L, D);
-    attn_mask bool, True = may attend). With dropout on CPU, torch falls back to its unfused
-    "math" attention; this is the same computation with `dropout`'s mask on the probabilities."""
-    if not _fast(query, dropout_p, True):
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
-                                              is_causal=is_causal)
-    return matmul_attention(query, key, value, attn_mask, dropout_p, is_causal)
-
-
-def matmul_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-                     is_causal: bool = False) -> torch.Tensor:
-    """softmax(Q Kᵀ / √D) V as two matmuls (shapes and mask as `scaled_dot_product_attention`), with
-    `dropout`'s mask on the probabilities when dropout_p > 0."""
-    scores = torch.matmul(query, key.transpose(-1, -2)).mul_(query.shape[-1] ** -0.5)  # (..., L, K)
-    if is_causal:
-        length, keys = scores.shape[-2:]
-        future = torch.ones(length, keys, dtype=torch.bool, device=scores.device).triu_(1)
-        scores = scores.masked_fill(future, float("-inf"))
-    if attn_mask is not None:
-        scores = scores.masked_fill(~attn_mask, float("-inf"))
-    probabilities = scores.softmax(dim=-1)
-    if dropout_p:
-        probabilities = dropout(probabilities, dropout_p)
-    return torch.matmul(probabilities, value)

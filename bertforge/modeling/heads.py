@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bert import BertModel, activation
+from .bert import BertModel
 from .config import BertConfig
 from .dropout import Dropout
+from .kernels import activation
 from .pretrained import PreTrainedBert
 
 IGNORE_INDEX = -100

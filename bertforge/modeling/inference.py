@@ -13,19 +13,16 @@ H hidden):
   (`bertforge.modeling.packing.Packing`); outputs keep their (B, S, ...) shapes, padding positions
   hold zeros. Exact to float rounding (≤ 1e-5 in fp32 on all-MiniLM-L6-v2).
 - fp32 on CPU: the matmuls run in oneDNN (`kernels.onednn_linear_op`), the feed-forward's GELU fused
-  into its first one, and attention over sentence lengths as plain matmuls (`packing.py`): faster
+  into its first one, and attention over sentence lengths as plain matmuls (`attention.py`): faster
   than the BLAS here, within 1e-5 of the peer's outputs; BERTFORGE_ONEDNN_LINEAR=0 gives the BLAS
   path, bit for bit the peer's.
-- `row_bucket` (with unpad; default 16 on CPU, every dtype, 0 on GPUs): T is rounded up to
-  one of a few lengths (a multiple of max(16, 2^⌊log2 T⌋ / 8): ≤ 1/8 more rows) with filler rows
-  that attend to nothing and are dropped, so the matmuls see few distinct shapes. Real workloads (a
-  server's micro-batches, one pass over a file) have a new T nearly every batch, and oneDNN, which
-  runs the bf16 and int8 matmuls on CPU, builds and caches a kernel per shape: on such batches
-  buckets make int8 and bf16 faster and keep their memory bounded (see BENCHMARKS.md,
-  "Inference on batches whose shapes never repeat"). fp32 runs its matmuls in oneDNN too, so it is
-  bucketed as well (a server's memory otherwise grows with every new T). With
-  buckets a batch without padding is packed as well, and in bf16/fp16 each example's attention runs
-  at a bucketed length (masked). Outputs are unchanged (the filler rows are never read).
+- `row_bucket` (with unpad; default 16 on CPU, every dtype, 0 on GPUs): T is rounded up to one of a
+  few lengths (`bertforge.modeling.packing.bucket_size`, which says why: ≤ 1/8 more rows) with filler
+  rows that attend to nothing and are dropped. Real workloads (a server's micro-batches, one pass over
+  a file) have a new T nearly every batch: on such batches buckets make int8 and bf16 faster and keep
+  every dtype's memory bounded (see BENCHMARKS.md). With buckets a batch without padding is packed as
+  well, and in bf16/fp16 each example's attention runs at a bucketed length (masked). Outputs are
+  unchanged (the filler rows are never read).
 - `dtype="bf16"`: weights and activations in bfloat16; on a CPU with AVX-512 BF16 or AMX the
   matmuls run faster than in float32 (BENCHMARKS.md, "Inference on real-length batches"). Outputs are bfloat16 (~3 significant digits).
 - `dtype="fp16"` / `"bf16"` on a GPU: half-precision weights for the tensor cores.
@@ -208,9 +205,7 @@ def _device_of(model: nn.Module) -> torch.device:
 
 def default_row_bucket(model: nn.Module) -> int:
     """The unpadded path's bucket step for `model` as it is now: DEFAULT_ROW_BUCKET on CPU, every
-    dtype, else 0 (exact packing). On CPU oneDNN builds and caches a kernel per shape: the matmuls of
-    every dtype and bf16 attention blocks; without buckets a server's memory
-    grows with every new batch shape (`bertforge.modeling.packing.bucket_size`)."""
+    dtype (why: `bertforge.modeling.packing`), else 0 (exact packing)."""
     return DEFAULT_ROW_BUCKET if _device_of(model).type == "cpu" else 0
 
 
@@ -255,9 +250,9 @@ def quantize_int8(encoder: BertModel, reduce_range: bool | None = None, engine: 
 def _compile_layers(encoder: BertModel) -> None:
     """torch.compile the shape-agnostic, per-token parts of every layer, with dynamic shapes.
 
-    Attention stays eager: the unpadded path loops over groups of examples in Python. Compiled
-    submodules are wrapped (a different type), which turns off the eager workspace fast path
-    (`BertModel._inference_fast_path`), whose buffers Inductor's fused kernels make unnecessary.
+    Attention stays eager: the packed plan loops over groups of examples in Python. Compiled
+    submodules are wrapped (a different type), which turns off the CPU inference plan's reused buffers
+    (`BertModel._inference_fast_path`), which Inductor's fused kernels make unnecessary.
     """
     for layer in encoder.encoder.layer:
         for owner, name in ((layer.attention, "output"), (layer, "intermediate"), (layer, "output")):

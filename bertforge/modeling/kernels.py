@@ -2,9 +2,10 @@
 where no autograd graph or hook can see them, and oneDNN's linear kernel with the activation fused and
 the weights packed once in its layout.
 
-None of this changes what the layers compute (the paper's layers in bert.py read as if these were
-`F.linear` and fresh tensors); it changes where results are written and which kernel runs, so that an
-inference forward pass on CPU allocates little and touches fresh pages rarely.
+None of this changes what the layers compute: the paper's layers in bert.py call their plan
+(plans.py) for each dense product, and the inference plans call these; they change where results are
+written and which kernel runs, so that an inference forward pass on CPU allocates little and touches
+fresh pages rarely.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "PackedWeight", "Workspace", "fused_linear_activation", "inplace_activation", "linear",
-           "may_overwrite_output", "onednn_linear_op", "project", "share_storage", "stacked_parameter"]
+__all__ = ["Linear", "PackedWeight", "Workspace", "activation", "fused_linear_activation", "inplace_activation",
+           "linear", "may_overwrite_output", "onednn_linear_op", "project", "share_storage", "stacked_parameter"]
 
 _ONEDNN_LINEAR: list = []  # [op or None], decided on first use
 ONEDNN_SWITCH = "BERTFORGE_ONEDNN_LINEAR"  # "0": inference matmuls through F.linear (the BLAS) instead
@@ -226,6 +227,18 @@ def may_overwrite_output(*modules: nn.Module) -> bool:
     return not any(module._forward_hooks for module in modules)
 
 
+@functools.cache
+def activation(name: str):
+    """The feed-forward activation a config's `hidden_act` names: GELU's erf form (as Google's modeling.py),
+    its tanh form, or ReLU."""
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    return F.relu
+
+
+@functools.cache
 def inplace_activation(name: str):
     """`activation(name)` overwriting its input (the same values, bit for bit), or None."""
     gelu_ = getattr(torch._C._nn, "gelu_", None)

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertforge.modeling.dropout import Dropout, drop_mask, dropout, kept_scale, scaled_dot_product_attention
+from bertforge.modeling.attention import scaled_dot_product_attention
+from bertforge.modeling.dropout import Dropout, drop_mask, dropout, kept_scale
 
 
 def test_mask_rate_and_independence():

@@ -390,7 +390,8 @@ def test_span_loss_is_the_same_on_both_paths_and_with_more_padding():
 def test_packed_attention_with_gradients_equals_the_inference_path():
     """Training takes the groups with split/cat (no per-group full-size gradients); the context is the
     inference path's, filler rows zero, and the gradient reaches every real row."""
-    from bertforge.modeling.packing import Packing, packed_attention
+    from bertforge.modeling.attention import packed_attention
+    from bertforge.modeling.packing import Packing
     torch.manual_seed(0)
     mask = torch.zeros(6, 10, dtype=torch.long)
     for row, length in enumerate((3, 10, 3, 7, 0, 5)):
@@ -413,8 +414,9 @@ def test_packed_attention_with_gradients_equals_the_inference_path():
 def test_padded_attention_in_training_equals_per_length_calls(is_causal):
     """Sentence-length batches train with one padded, masked attention call (`pads_attention`): the
     same context and gradients as one call per length (float64, to rounding), filler rows zero."""
-    from bertforge.modeling import packing as packing_module
-    from bertforge.modeling.packing import Packing, packed_attention, pads_attention
+    from bertforge.modeling import attention as packing_module
+    from bertforge.modeling.attention import packed_attention, pads_attention
+    from bertforge.modeling.packing import Packing
     torch.manual_seed(0)
     lengths = (3, 12, 3, 7, 0, 5, 9, 12)
     mask = torch.zeros(len(lengths), 12, dtype=torch.long)
@@ -446,8 +448,8 @@ def test_padded_attention_length_rounds_up_with_row_buckets():
     the [CLS] query's context equal those at the exact length (float64, to rounding)."""
     import dataclasses
 
-    from bertforge.modeling.packing import (PADDED_LENGTH_STEP, Packing, _padded_attention, _padded_slots,
-                                            first_token_attention)
+    from bertforge.modeling.attention import _padded_attention, first_token_attention
+    from bertforge.modeling.packing import PADDED_LENGTH_STEP, Packing, _padded_slots
     torch.manual_seed(0)
     lengths = (21, 9, 17, 21, 5)
     mask = torch.zeros(len(lengths), 21, dtype=torch.long)
@@ -473,7 +475,8 @@ def test_padded_attention_length_rounds_up_with_row_buckets():
 
 def test_long_mixed_lengths_keep_per_length_attention():
     """Padding a 512-token example's batch-mates to 512 would cost more attention than it saves."""
-    from bertforge.modeling.packing import Packing, pads_attention
+    from bertforge.modeling.attention import pads_attention
+    from bertforge.modeling.packing import Packing
     mask = torch.zeros(4, 512, dtype=torch.long)
     for row, length in enumerate((512, 20, 30, 40)):
         mask[row, :length] = 1

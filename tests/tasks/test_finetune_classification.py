@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertforge.cli import main
-from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel
+from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel, plans
 from bertforge.tasks.classification import classify_task, predict_file
 from bertforge.tasks.glue import glue_task
 from bertforge.training.finetune import FinetuneArguments, describe, finetune, finetune_grid
@@ -239,9 +239,8 @@ def test_unpadded_training_follows_the_padded_path(tiny_model, sst2_dir, tmp_pat
     config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     (model_dir / "config.json").write_text(json.dumps(config))
     unpadded_calls = []
-    forward_unpadded = BertModel._forward_unpadded
-    monkeypatch.setattr(BertModel, "_forward_unpadded",
-                        lambda self, *a, **k: unpadded_calls.append(1) or forward_unpadded(self, *a, **k))
+    packed_plan = plans.PackedPlan  # one per forward pass on the packed (unpadded) layout
+    monkeypatch.setattr(plans, "PackedPlan", lambda *a, **k: unpadded_calls.append(1) or packed_plan(*a, **k))
     logs = {}
     for unpad in (False, True):
         out = tmp_path / f"unpad_{unpad}"

@@ -1,0 +1,243 @@
+"""How one forward pass of the encoder runs: its execution plan, chosen once per call, at the edge.
+
+The paper's layers (bert.py) compute the same thing on every plan. They call their plan, by name, for
+what differs between the ways to run them:
+
+- the dense products: `linear(module, x, key)`, `linear_activation(module, x, hidden_act)`,
+  `project_qkv(attention, x)`, and `add(x, other, *sources)` (the residual and embedding sums);
+- attention: `attention(qkv, mask, num_heads, dropout_p, output_attentions)`, and for a [CLS]-only last
+  layer `first_rows(hidden)` and `first_token_attention(attention, hidden, first, mask)`;
+- the layout in and out: `embedding_inputs(...)`, `unpack(hidden)`, `first_token_output(rows)`.
+
+Dropout is the layers' own `Dropout` modules (dropout.py: a cheaper mask on CPU, `F.dropout` elsewhere).
+
+A plan is a layout and a set of product kernels:
+
+- layouts: `PaddedPlan`, (B, S, H) with a key mask: the reference, what ONNX export traces, and the
+  layout of output_attentions; `PackedPlan`, the (T, H) real tokens (`packing.Packing`), attention in
+  `attention.packed_attention`, the packed length bucketed on CPU.
+- products: `Reference`, every product a module call and every sum a fresh tensor (autograd, autocast,
+  forward hooks see what they expect); `InPlace`, inference: sums and the activation written in place
+  and oneDNN's GELU fused into its matmul, except where a hook could see it; `CpuInference`, inference
+  on CPU with the encoder's own, unhooked modules: projections into a reused `kernels.Workspace` and
+  oneDNN's packed weights (`kernels.PackedWeight`, set by `optimize_for_inference`).
+
+`choose_plan` is the one place that decides, from the call (unpad, output_attentions, cls_only), the
+autograd, autocast and hook state, the device, and what the edge set on the model: `unpad`
+(`use_unpadded`, `optimize_for_inference`, the finetune CLI), `unpad_row_bucket` (`optimize_for_inference`,
+the Trainer through `BertModel.prepare_cpu_training`) and the packed weights.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import attention_mask_for, first_token_attention, packed_attention, padded_attention
+from .kernels import (Workspace, activation, fused_linear_activation, inplace_activation, linear,
+                      may_overwrite_output, project, stacked_parameter)
+from .packing import Packing
+
+__all__ = ["CpuInference", "InPlace", "PackedPlan", "PaddedPlan", "Plan", "REFERENCE", "Reference", "choose_plan"]
+
+
+class Reference:
+    """Products for autograd, autocast and hooks: each dense product a module call (`kernels.linear` for
+    the stacked Q, K, V weights), each sum a fresh tensor."""
+
+    workspace: Workspace | None = None
+
+    def linear(self, module: nn.Module, x: torch.Tensor, key: str) -> torch.Tensor:
+        """module(x); `key` names the product's reused buffer on `CpuInference`."""
+        return module(x)
+
+    def linear_activation(self, module: nn.Module, x: torch.Tensor, hidden_act: str) -> torch.Tensor:
+        return activation(hidden_act)(module(x))
+
+    def add(self, x: torch.Tensor, other: torch.Tensor, *sources: nn.Module) -> torch.Tensor:
+        """x + other; `sources`: the modules that returned x (whose hooks may hold it)."""
+        return x + other
+
+    def project_qkv(self, attention: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """(..., H) -> (..., 3H): the query, key and value projections side by side, one (H, 3H) matmul
+        (fewer, larger GEMMs are faster on every backend); `attention.qkv` where int8 set one."""
+        if attention.qkv is not None:
+            return attention.qkv(x)
+        return linear(x, attention._fused("weight"), attention._fused("bias"), attention.packed_qkv)
+
+
+class InPlace(Reference):
+    """Inference (no autograd, autocast or global hook): sums and the activation overwrite a freshly
+    computed tensor, saving an allocation each (and its page faults), and the GELU runs inside oneDNN's
+    matmul (`kernels.fused_linear_activation`; None where that does not apply), except where a forward
+    hook on the module that returned the tensor could have kept it. The same values as `Reference`."""
+
+    def linear_activation(self, module: nn.Module, x: torch.Tensor, hidden_act: str) -> torch.Tensor:
+        if isinstance(module, nn.Linear) and not module._forward_hooks:
+            fused = fused_linear_activation(x, module.weight, module.bias, hidden_act,
+                                            getattr(module, "packed_weight", None))
+            if fused is not None:
+                return fused
+        out = module(x)
+        in_place = inplace_activation(hidden_act)
+        if in_place is None or module._forward_hooks:
+            return activation(hidden_act)(out)
+        return in_place(out)  # (.., 4H): the largest tensor of the layer
+
+    def add(self, x: torch.Tensor, other: torch.Tensor, *sources: nn.Module) -> torch.Tensor:
+        if x.dtype != other.dtype:
+            return x + other
+        for source in sources:
+            if source._forward_hooks:
+                return x + other
+        return x.add_(other)  # the same order, the same rounding
+
+
+class CpuInference(InPlace):
+    """`InPlace` on CPU with the encoder's own modules and no hook in it: each product through oneDNN
+    with the weight packed once (`kernels.project`), or with the BLAS into one reused buffer per product
+    (`Workspace`: the layers consume each within the layer). One per forward pass, never shared."""
+
+    def __init__(self) -> None:
+        self.workspace = Workspace()
+
+    def linear(self, module: nn.Module, x: torch.Tensor, key: str) -> torch.Tensor:
+        return project(x, module.weight, module.bias, self.workspace, key, getattr(module, "packed_weight", None))
+
+    def linear_activation(self, module: nn.Module, x: torch.Tensor, hidden_act: str) -> torch.Tensor:
+        packed = getattr(module, "packed_weight", None)
+        fused = fused_linear_activation(x, module.weight, module.bias, hidden_act, packed)
+        if fused is not None:
+            return fused
+        in_place = inplace_activation(hidden_act)
+        if in_place is None:
+            return activation(hidden_act)(module(x))
+        return in_place(project(x, module.weight, module.bias, self.workspace, "intermediate", packed))
+
+    def project_qkv(self, attention: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return project(x, attention._fused("weight"), attention._fused("bias"), self.workspace, "qkv",
+                       attention.packed_qkv)
+
+
+REFERENCE_PRODUCTS, IN_PLACE = Reference(), InPlace()
+
+
+class Plan:
+    """A layout with its products' methods bound once per forward pass. `mask`: what the layers pass to
+    attention; `cls_only`: the last layer runs at each example's first token only."""
+
+    mask: torch.Tensor | None = None
+    packing: Packing | None = None
+
+    def __init__(self, products: Reference, cls_only: bool = False) -> None:
+        self.linear, self.linear_activation = products.linear, products.linear_activation
+        self.add, self.project_qkv, self.workspace = products.add, products.project_qkv, products.workspace
+        self.cls_only = cls_only
+
+    def first_token_attention(self, attention: nn.Module, hidden_states: torch.Tensor, first: torch.Tensor,
+                              mask: torch.Tensor | None) -> torch.Tensor:
+        """The context at each example's first token only (`attention.first_token_attention`): keys and
+        values projected for every token, the query for the first tokens `first` (N, H) only (for int8's
+        one quantized (3H, H) module, every row's)."""
+        hidden = hidden_states.shape[-1]
+        if attention.qkv is not None:
+            qkv = attention.qkv(hidden_states)
+            query, key_value = self.first_rows(qkv)[:, :hidden], qkv[..., hidden:]
+        else:
+            pair = (attention.key, attention.value)
+            query = F.linear(first, attention.query.weight, attention.query.bias)
+            key_value = F.linear(hidden_states, stacked_parameter(pair, "weight"), stacked_parameter(pair, "bias"))
+        dropout_p = attention.dropout_p if attention.training else 0.0
+        return first_token_attention(query, key_value, self.packing, attention.num_heads, dropout_p, mask)
+
+
+class PaddedPlan(Plan):
+    """The (B, S, H) batch, padding included, with `mask` from `attention.attention_mask_for`."""
+
+    def __init__(self, products: Reference, mask: torch.Tensor | None = None, cls_only: bool = False) -> None:
+        super().__init__(products, cls_only)
+        self.mask = mask
+
+    def embedding_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> tuple:
+        return input_ids, token_type_ids, None
+
+    def attention(self, qkv: torch.Tensor, mask: torch.Tensor | None, num_heads: int, dropout_p: float,
+                  output_attentions: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return padded_attention(qkv, mask, num_heads, dropout_p, output_attentions)
+
+    def first_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden[:, 0]
+
+    def unpack(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+    def first_token_output(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows[:, None]
+
+
+class PackedPlan(Plan):
+    """The real tokens only, (T, H) (`Packing`); attention within each example; no mask, no probabilities."""
+
+    def __init__(self, products: Reference, packing: Packing, cls_only: bool = False) -> None:
+        super().__init__(products, cls_only)
+        self.packing = packing
+
+    def embedding_inputs(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> tuple:
+        packing = self.packing
+        return (packing.pack(input_ids), None if token_type_ids is None else packing.pack(token_type_ids),
+                packing.positions)
+
+    def attention(self, qkv: torch.Tensor, mask: torch.Tensor | None, num_heads: int, dropout_p: float,
+                  output_attentions: bool) -> tuple[torch.Tensor, None]:
+        return packed_attention(qkv, self.packing, num_heads, dropout_p, self.workspace), None
+
+    def first_rows(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden[self.packing.first_rows()]  # in packed example order
+
+    def unpack(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.packing.unpack(hidden)
+
+    def first_token_output(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.packing.batch_order(rows)[:, None]
+
+
+# What a layer called on its own runs: padded, every product a module call.
+REFERENCE = PaddedPlan(REFERENCE_PRODUCTS)
+
+
+def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                unpad: bool | None, output_hidden_states: bool, output_attentions: bool, cls_only: bool) -> Plan:
+    """The plan of one `BertModel.forward` call (its docstring says what each argument asks for).
+
+    Packed when `unpad` (default: the model's attribute) and the batch has padding, or, in inference
+    with row buckets, always (a batch without padding then lands on a bucket too); padded with
+    output_attentions, without a mask, or when nothing is padding. The products: `CpuInference` where
+    `model._inference_fast_path`, `InPlace` in other inference, else `Reference`. Keys past the last
+    real one are cut on the CPU inference path (finding it costs no device sync there). [CLS]-only where
+    the model's last layer allows it (`model._first_only_ok`), not on `CpuInference` (its kernels are
+    laid out per full batch), and on the packed layout only when every example's position 0 is real.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
+    if unpad is None:
+        unpad = model.unpad
+    if not isinstance(unpad, bool):
+        raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
+    fast = model._inference_fast_path(input_ids)
+    products = CpuInference() if fast else IN_PLACE if may_overwrite_output() else REFERENCE_PRODUCTS
+    cls_only = cls_only and not (output_hidden_states or output_attentions or fast) and model._first_only_ok()
+    pack_always = bool(model.unpad_row_bucket) and not torch.is_grad_enabled()
+    if unpad and not output_attentions and (attention_mask is not None or pack_always):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
+                             f"{tuple(input_ids.shape)}")
+        if pack_always or not bool(attention_mask.bool().all()):
+            model.embeddings.check_length(input_ids.shape[1])
+            packing = Packing.from_mask(attention_mask, model.config.is_causal, model.unpad_row_bucket)
+            return PackedPlan(products, packing, cls_only and bool(attention_mask[:, 0].all()))
+    mask = attention_mask_for(attention_mask, input_ids.shape[1], model.config.is_causal, input_ids.device,
+                              trim_keys=fast and not output_attentions)
+    return PaddedPlan(products, mask, cls_only)
