@@ -372,7 +372,8 @@ def run_quickstart(output_dir: str | Path = "quickstart_out", vocab_size: int = 
                     "median_rank": statistics.median(ranks) if ranks else None}
              for name, ranks in cloze_rank.items()}
     step(f"cloze: {len(items)} speeches of the held-out plays, one content word masked in each (fixed); the word "
-         f"in the top 5 of the {int(candidates.sum()):,} content words: pre-trained {cloze['pre-trained']['top5_hit_rate']:.1%}, frequency "
+         f"in the top 5 of the {int(candidates.sum()):,} content words: pre-trained "
+         f"{cloze['pre-trained']['top5_hit_rate']:.1%}, frequency "
          f"({', '.join(vocab_list[i] for i in frequency_top5)}) {cloze['frequency']['top5_hit_rate']:.1%}, "
          f"random init {cloze['random init']['top5_hit_rate']:.1%}; median rank "
          + ", ".join(f"{cloze[name]['median_rank']:g}" for name in ("pre-trained", "frequency", "random init")))
