@@ -193,10 +193,12 @@ def test_cli_finetune_multiple_choice_on_fixtures(tiny_dir, tmp_path, capsys):
 
 def test_cli_defaults_are_the_papers_swag_recipe():
     from bertforge.cli import build_parser
+    from bertforge.cli.finetune import _arguments
 
     args = build_parser().parse_args(["finetune", "multiple-choice", "--train-file", "t", "--dev-file", "d",
                                       "--model", "m", "--output-dir", "o"])
-    assert (args.lr, args.batch_size, args.epochs, args.max_seq_length) == (2e-5, 16, 3.0, 128)
+    settings = _arguments(args)  # --epochs is None unless given (so --max-steps can win); the recipe fills it
+    assert (args.lr, args.batch_size, settings.epochs, args.max_seq_length) == (2e-5, 16, 3.0, 128)
 
 
 def test_cli_reports_a_malformed_row(tiny_dir, tmp_path, capsys):
