@@ -16,6 +16,7 @@ untrained weights.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import shutil
@@ -275,8 +276,24 @@ def run_quickstart(output_dir: str | Path = "quickstart_out", vocab_size: int = 
                    genre_max_examples: int | None = None, cloze_size: int = CLOZE_SIZE, lr: float = LR,
                    nsp: bool = False, precision: str | None = None) -> Path:
     """Run the pipeline into `output_dir` (its report: report.json). Pre-training is the paper's masked LM
-    without NSP by default (`nsp=True`: with it); `precision` None: `cpu_precision()`."""
-    output_dir = Path(output_dir)
+    without NSP by default (`nsp=True`: with it); `precision` None: `cpu_precision()`.
+
+    The quickstart makes every input it reads, so the library's warnings on the way are expected ones (the
+    plays' long verse sentences, summarised on the instances line; the pre-training heads a classifier
+    leaves out): they are quieted for the run and the logger's level restored afterwards."""
+    library = logging.getLogger("bertforge")
+    level = library.level
+    library.setLevel(logging.ERROR)
+    try:
+        return _run_quickstart(Path(output_dir), vocab_size, max_steps, batch_size, seed, genre_epochs,
+                               genre_max_examples, cloze_size, lr, nsp, precision)
+    finally:
+        library.setLevel(level)
+
+
+def _run_quickstart(output_dir: Path, vocab_size: int, max_steps: int, batch_size: int, seed: int,
+                    genre_epochs: float, genre_max_examples: int | None, cloze_size: int, lr: float, nsp: bool,
+                    precision: str | None) -> Path:
     precision = precision or cpu_precision()
     started = time.time()
 
@@ -300,9 +317,12 @@ def run_quickstart(output_dir: str | Path = "quickstart_out", vocab_size: int = 
     held_out_index = prepare_pretraining(held_out_files, vocab_file, held_out, max_seq_length=128, dupe_factor=1,
                                          seed=seed + 1, input_format="bert", progress=False)
     stats = index["stats"]
+    long = [record for i in (index, held_out_index) for record in i.get("long_sentences", {}).values()]
     step(f"instances: {index['num_instances']} training / {held_out_index['num_instances']} held-out sequences of "
          f"<= 128 tokens, {stats['masked'] / max(1, stats['tokens']):.1%} of tokens masked, "
-         f"{stats['is_next'] / index['num_instances']:.0%} IsNext -> {data}")
+         f"{stats['is_next'] / index['num_instances']:.0%} IsNext -> {data}"
+         + (f"\n         {sum(r['sentences'] for r in long)} verse sentences over {long[0]['limit']} tokens in {len(long)} plays: "
+            f"{sum(r['tokens_dropped'] for r in long):,} tokens beyond what an instance holds" if long else ""))
 
     run_dir = output_dir / "pretrain"
     if run_dir.exists():
