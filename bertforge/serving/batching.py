@@ -60,6 +60,16 @@ def _freeze(value: Any) -> Any:
     return tuple(_freeze(v) for v in value) if isinstance(value, list) else value
 
 
+def _deliver(job: _Job, result: Any) -> None:
+    """A job's result (or exception) to its waiting request, unless the client went away."""
+    if job.future.done():
+        return
+    if isinstance(result, Exception):
+        job.future.set_exception(result)
+    else:
+        job.future.set_result(result)
+
+
 class MicroBatcher:
     """Groups compatible requests that arrive close together into one pipeline call on one thread."""
 
@@ -123,12 +133,7 @@ class MicroBatcher:
         """On the event loop: a job run between the batches of another gets its result."""
         self.metrics.forward_seconds.observe(seconds)
         self.metrics.batch_size.observe(job.size)
-        if job.future.done():  # the client went away
-            return
-        if isinstance(result, Exception):
-            job.future.set_exception(result)
-        else:
-            job.future.set_result(result)
+        _deliver(job, result)
 
     def _run_cheaper(self, priority: tuple[int, int]) -> None:
         """On the model thread, between two forward batches of a call of `priority`: run the
@@ -209,12 +214,7 @@ class MicroBatcher:
                 self.metrics.forward_seconds.observe(time.perf_counter() - start)
                 self.metrics.batch_size.observe(sum(job.size for job in batch))
                 for job, result in zip(batch, results):
-                    if job.future.done():  # the client went away
-                        continue
-                    if isinstance(result, Exception):
-                        job.future.set_exception(result)
-                    else:
-                        job.future.set_result(result)
+                    _deliver(job, result)
             finally:
                 self._busy = False
 

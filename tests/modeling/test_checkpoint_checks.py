@@ -27,16 +27,6 @@ from bertforge.modeling.pretrained import check_pretrained, read_tensor_shapes
 from bertforge.tokenization import BertTokenizer, load_vocab
 
 
-@pytest.fixture
-def minilm_copy(minilm_dir, tmp_path) -> Path:
-    """MiniLM's small files copied (to be edited), its 90 MB weights file linked."""
-    directory = tmp_path / "minilm"
-    directory.mkdir()
-    for name in ("config.json", "vocab.txt", "tokenizer_config.json"):
-        shutil.copy(minilm_dir / name, directory / name)
-    (directory / "model.safetensors").symlink_to(minilm_dir / "model.safetensors")
-    return directory
-
 
 def _edit_config(directory: Path, **changes) -> None:
     path = directory / "config.json"

@@ -43,13 +43,9 @@ class AnswerPipeline(Pipeline):
         return SpanGraph(model)
 
     def check_options(self, doc_stride=128, max_answer_length=30, **_) -> None:
-        for name, value in (("doc_stride", doc_stride), ("max_answer_length", max_answer_length)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise PipelineInputError(f"{name} must be a positive integer, got {value!r}")
-        least = self.limits.min_stride(self.max_length)
-        if doc_stride < least:
-            raise PipelineInputError(f"doc_stride {doc_stride} is under the limit of {least} tokens "
-                                     f"({self.limits.min_stride_fraction:g} of max_length {self.max_length})")
+        if not isinstance(max_answer_length, int) or isinstance(max_answer_length, bool) or max_answer_length < 1:
+            raise PipelineInputError(f"max_answer_length must be a positive integer, got {max_answer_length!r}")
+        self.check_stride("doc_stride", doc_stride)
 
     def preprocess(self, questions, contexts, doc_stride=128, max_answer_length=30,
                    handle_impossible_answer=None, null_threshold=0.0):

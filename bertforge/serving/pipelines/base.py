@@ -222,6 +222,16 @@ class Pipeline:
         """PipelineInputError unless the options are usable and within `self.limits`; no input is
         looked at, so the server checks them before queueing a request. Subclasses check theirs."""
 
+    def check_stride(self, name: str, stride: Any) -> None:
+        """PipelineInputError unless `stride` (tag's stride, answer's doc_stride) is a positive integer of at
+        least `limits.min_stride(max_length)` tokens: the windows a text yields stay bounded."""
+        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
+            raise PipelineInputError(f"{name} must be a positive integer, got {stride!r}")
+        least = self.limits.min_stride(self.max_length)
+        if stride < least:
+            raise PipelineInputError(f"{name} {stride} is under the limit of {least} tokens "
+                                     f"({self.limits.min_stride_fraction:g} of max_length {self.max_length})")
+
     def check_rows(self, rows: int, what: str = "texts") -> None:
         """PipelineInputError when a call needs more than `limits.max_rows` model rows: counted
         before the rows are built, so an oversized call costs no forward pass. The pipelines whose

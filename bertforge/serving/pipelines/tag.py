@@ -40,12 +40,7 @@ class TagPipeline(Pipeline):
         if aggregation not in ("simple", "none"):
             raise PipelineInputError(f"aggregation must be 'simple' or 'none', got {aggregation!r}")
         if stride is not None:
-            if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
-                raise PipelineInputError(f"stride must be a positive integer, got {stride!r}")
-            least = self.limits.min_stride(self.max_length)
-            if stride < least:
-                raise PipelineInputError(f"stride {stride} is under the limit of {least} tokens "
-                                         f"({self.limits.min_stride_fraction:g} of max_length {self.max_length})")
+            self.check_stride("stride", stride)
 
     def preprocess(self, texts, aggregation="simple", stride=None):
         max_tokens = self.max_length - 2
