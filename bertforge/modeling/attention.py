@@ -11,21 +11,33 @@ one per forward pass):
   equal-length examples; in low-precision inference the lengths rounded up to a bucket; in training
   on sentence-length batches one padded batch (`_padded_attention`, the only other place the equation
   is written, as batched matmuls with an additive mask, for autograd).
+- `varlen_attention`: the packed plan's (T, H) rows on CUDA in bf16/fp16 (`plans.VarlenPlan`): one
+  FlashAttention call over the whole batch, each example's keys found by its cumulative sequence
+  length (`Packing.cu_seqlens`): no loop over lengths, no padding, no mask.
 - `first_token_attention`: the [CLS] query of each example against all its keys (the last layer of
   a sentence classifier), padded or packed.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 
+try:  # torch >= 2.9; its causal flag became `window_size` later (2.13 has the latter)
+    from torch.nn.attention.varlen import varlen_attn
+    _VARLEN_WINDOW = "window_size" in inspect.signature(varlen_attn).parameters
+except ImportError:
+    varlen_attn, _VARLEN_WINDOW = None, False
+
 from .dropout import dropout
 from .kernels import Workspace
-from .packing import Packing, _padded_bias, _padded_slots, bucket_size
+from .packing import Packing, _padded_bias, _padded_slots, bucket_size, host_copy
 
 __all__ = ["KEY_BLOCK", "attend", "attention_mask_for", "first_token_attention", "packed_attention",
-           "padded_attention", "pads_attention", "scaled_dot_product_attention"]
+           "padded_attention", "pads_attention", "scaled_dot_product_attention", "varlen_applies",
+           "varlen_attention"]
 
 KEY_BLOCK = 32  # keys are cut to a multiple of this: whole SIMD vectors, so the same sums
 
@@ -81,7 +93,7 @@ def attention_mask_for(attention_mask: torch.Tensor | None, seq_length: int, is_
     position still gets its output, and the dropped keys had weight exactly 0.
     """
     mask = None
-    if attention_mask is not None and not bool(attention_mask.all()):
+    if attention_mask is not None and not bool(host_copy(attention_mask).all()):  # read on the host
         mask = attention_mask.bool()[:, None, None, :]
     if is_causal:
         causal = torch.ones(seq_length, seq_length, dtype=torch.bool, device=device).tril()[None, None]
@@ -149,6 +161,42 @@ def packed_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropou
             context[rows].view(count, length, num_heads, head_dim).copy_(out.transpose(1, 2))
     if filler:
         context[tokens - filler:].zero_()
+    return context
+
+
+def varlen_applies(qkv: torch.Tensor, num_heads: int) -> bool:
+    """Whether `varlen_attention` can run on qkv (T, 3H): torch has `varlen_attn` (2.9 on), and
+    FlashAttention's conditions hold: a CUDA tensor in bf16 or fp16 (autocast's output) with a head size
+    a multiple of 8 up to 256. Elsewhere (float32 on CUDA, as the correctness checks run it) the packed
+    plan's `packed_attention` runs."""
+    head_dim = qkv.shape[-1] // (3 * num_heads)
+    return (varlen_attn is not None and qkv.device.type == "cuda" and qkv.dtype in (torch.bfloat16, torch.float16)
+            and head_dim % 8 == 0 and head_dim <= 256)
+
+
+def varlen_attention(qkv: torch.Tensor, packing: Packing, num_heads: int, dropout_p: float = 0.0) -> torch.Tensor:
+    """qkv (T, 3H) -> context (T, H) on CUDA: attention within each example of the packed batch in one
+    FlashAttention call over variable lengths (`varlen_attn`, forward and backward), the examples'
+    bounds given by `packing.cu_seqlens()` (built on the host: no wait for the device). Filler rows get
+    a zero context. The queries, keys and values are strided views of qkv: no copy.
+
+    `varlen_attn` runs without dropout; with attention dropout (training), the same FlashAttention
+    kernel is called through its ATen op, which drops inside the kernel and has its own backward."""
+    tokens, hidden = qkv.shape[0], qkv.shape[1] // 3
+    real = packing.num_tokens
+    query, key, value = qkv[:real].view(real, 3, num_heads, hidden // num_heads).unbind(1)  # each (T, A, D)
+    bounds, longest = packing.cu_seqlens(), packing.max_length
+    if dropout_p:
+        out = torch.ops.aten._flash_attention_forward(query, key, value, bounds, bounds, longest, longest, dropout_p,
+                                                      packing.is_causal, False)[0]
+    elif _VARLEN_WINDOW:
+        out = varlen_attn(query, key, value, bounds, bounds, longest, longest,
+                          window_size=(-1, 0) if packing.is_causal else (-1, -1))
+    else:
+        out = varlen_attn(query, key, value, bounds, bounds, longest, longest, is_causal=packing.is_causal)
+    context = out.reshape(real, hidden)
+    if tokens > real:
+        context = torch.cat([context, context.new_zeros(tokens - real, hidden)])
     return context
 
 

@@ -21,7 +21,30 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DEFAULT_ROW_BUCKET", "PADDED_LENGTH_STEP", "Packing", "bucket_size"]
+__all__ = ["DEFAULT_ROW_BUCKET", "HOST_COPY", "PADDED_LENGTH_STEP", "Packing", "bucket_size", "host_copy",
+           "keep_host_copy"]
+
+# The attribute under which a device tensor may carry the host tensor it was copied from (`keep_host_copy`).
+HOST_COPY = "host_copy"
+
+
+def keep_host_copy(device_tensor: torch.Tensor, host: torch.Tensor) -> torch.Tensor:
+    """Let `device_tensor` (a copy of `host` on an accelerator) carry `host`, so that what the packed
+    layout needs to know on the host (the examples' lengths, the real tokens' places) is read there
+    rather than from the device: reading it back would wait for the device in the middle of a step.
+    The Trainer does this for every batch it moves to a device. Returns `device_tensor`."""
+    if device_tensor.device.type != "cpu" and device_tensor is not host:
+        setattr(device_tensor, HOST_COPY, host)
+    return device_tensor
+
+
+def host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` itself on the CPU; on a device, the host tensor it was copied from (`keep_host_copy`),
+    or else a copy to the host (which waits for the device)."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = getattr(tensor, HOST_COPY, None)
+    return host if host is not None else tensor.cpu()
 
 # The smallest bucket step of the packed length on CPU (`optimize_for_inference`, `prepare_cpu_training`).
 DEFAULT_ROW_BUCKET = 16
@@ -65,6 +88,7 @@ class Packing:
     padded_slots: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, compare=False, repr=False)
     padded_bias: tuple[tuple, torch.Tensor] | None = field(default=None, compare=False, repr=False)
     _first_rows: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    _cu_seqlens: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def from_mask(cls, attention_mask: torch.Tensor, is_causal: bool = False, row_bucket: int = 0) -> Packing:
@@ -72,14 +96,15 @@ class Packing:
         row_bucket: 0 packs exactly the real tokens; > 0 rounds their number up (see the class)."""
         if not isinstance(row_bucket, int) or isinstance(row_bucket, bool) or row_bucket < 0:
             raise ValueError(f"row_bucket must be an int >= 0, got {row_bucket!r}")
-        mask = attention_mask.bool()
+        device = attention_mask.device
+        mask = host_copy(attention_mask).bool()  # on a device: built on the host, moved without waiting
         batch, seq_length = mask.shape
         lengths = mask.sum(1)
         order = torch.argsort(lengths, stable=True)
         rows, columns = mask[order].nonzero(as_tuple=True)  # row-major: tokens keep their order
         index = order[rows] * seq_length + columns
         groups, start = [], 0
-        sorted_lengths = lengths[order].tolist()  # a host sync on GPU, once per forward pass
+        sorted_lengths = lengths[order].tolist()
         for length in sorted(set(sorted_lengths)):
             count = sorted_lengths.count(length)
             if length:  # an all-padding row has no tokens to attend
@@ -89,6 +114,8 @@ class Packing:
         if extra:  # filler rows repeat the first real token: real ids and positions, never read back
             index = torch.cat([index, index[:1].expand(extra)])
             columns = torch.cat([columns, columns[:1].expand(extra)])
+        if device.type != "cpu":
+            index, columns = index.to(device, non_blocking=True), columns.to(device, non_blocking=True)
         return cls(batch, seq_length, index, columns, tuple(groups), is_causal, extra, row_bucket)
 
     @property
@@ -105,8 +132,22 @@ class Packing:
         (by length); N = the examples with a real token."""
         if self._first_rows is None:  # read by the last layer (its first tokens) and for the output order
             firsts = [start + i * length for start, count, length in self.groups for i in range(count)]
-            self._first_rows = torch.tensor(firsts, device=self.index.device)
+            self._first_rows = torch.tensor(firsts).to(self.index.device, non_blocking=True)
         return self._first_rows
+
+    @property
+    def max_length(self) -> int:
+        """The longest example's real tokens (0 for a batch of padding only)."""
+        return max((length for _, _, length in self.groups), default=0)
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """(N + 1,) int32 on the packing's device: where each example's rows start in the packed layout,
+        examples in packed order, then T (FlashAttention's cumulative sequence lengths; filler rows
+        belong to no example). Built on the host from `groups` and moved without waiting."""
+        if self._cu_seqlens is None:
+            bounds = [0] + [start + (i + 1) * length for start, count, length in self.groups for i in range(count)]
+            self._cu_seqlens = torch.tensor(bounds, dtype=torch.int32).to(self.index.device, non_blocking=True)
+        return self._cu_seqlens
 
     def batch_order(self, packed: torch.Tensor) -> torch.Tensor:
         """(N, ...) rows in packed example order (as `first_rows`) -> (B, ...) in batch order; every
@@ -148,7 +189,8 @@ def _padded_slots(packing: Packing) -> tuple[torch.Tensor, torch.Tensor]:
         real = slots < lengths[:, None]  # (N, L); row-major order is the packed order of the real rows
         slots = (torch.arange(count)[:, None] * longest + slots)[real]
         device = packing.index.device
-        packing.padded_slots = (slots.to(device), real[:, None, None, :].to(device))
+        packing.padded_slots = (slots.to(device, non_blocking=True),
+                                real[:, None, None, :].to(device, non_blocking=True))
     return packing.padded_slots
 
 

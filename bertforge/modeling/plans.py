@@ -15,7 +15,9 @@ A plan is a layout and a set of product kernels:
 
 - layouts: `PaddedPlan`, (B, S, H) with a key mask: the reference, what ONNX export traces, and the
   layout of output_attentions; `PackedPlan`, the (T, H) real tokens (`packing.Packing`), attention in
-  `attention.packed_attention`, the packed length bucketed on CPU.
+  `attention.packed_attention`, the packed length bucketed on CPU; `VarlenPlan`, the packed layout on
+  CUDA, attention in one FlashAttention call over the batch's cumulative sequence lengths
+  (`attention.varlen_attention`) instead of one call per length.
 - products: `Reference`, every product a module call and every sum a fresh tensor (autograd, autocast,
   forward hooks see what they expect); `InPlace`, inference: sums and the activation written in place
   and oneDNN's GELU fused into its matmul, except where a hook could see it; `CpuInference`, inference
@@ -34,12 +36,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import attention_mask_for, first_token_attention, packed_attention, padded_attention
+from .attention import (attention_mask_for, first_token_attention, packed_attention, padded_attention,
+                        varlen_applies, varlen_attention)
 from .kernels import (Workspace, activation, fused_linear_activation, inplace_activation, linear,
                       may_overwrite_output, project, stacked_parameter)
-from .packing import Packing
+from .packing import Packing, host_copy
 
-__all__ = ["CpuInference", "InPlace", "PackedPlan", "PaddedPlan", "Plan", "REFERENCE", "Reference", "choose_plan"]
+__all__ = ["CpuInference", "InPlace", "PackedPlan", "PaddedPlan", "Plan", "REFERENCE", "Reference", "VarlenPlan",
+           "choose_plan"]
 
 
 class Reference:
@@ -202,6 +206,20 @@ class PackedPlan(Plan):
         return self.packing.batch_order(rows)[:, None]
 
 
+class VarlenPlan(PackedPlan):
+    """The packed layout on CUDA: attention over the whole batch in one FlashAttention call
+    (`attention.varlen_attention`), each example bounded by its cumulative sequence length, wherever
+    FlashAttention runs (bf16/fp16: autocast or a cast model, `attention.varlen_applies`); float32
+    falls back to `PackedPlan`'s attention. Every index it needs is built on the host (`Packing`), so a
+    step on it never waits for the device."""
+
+    def attention(self, qkv: torch.Tensor, mask: torch.Tensor | None, num_heads: int, dropout_p: float,
+                  output_attentions: bool) -> tuple[torch.Tensor, None]:
+        if varlen_applies(qkv, num_heads):
+            return varlen_attention(qkv, self.packing, num_heads, dropout_p), None
+        return super().attention(qkv, mask, num_heads, dropout_p, output_attentions)
+
+
 # What a layer called on its own runs: padded, every product a module call.
 REFERENCE = PaddedPlan(REFERENCE_PRODUCTS)
 
@@ -217,6 +235,7 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     real one are cut on the CPU inference path (finding it costs no device sync there). [CLS]-only where
     the model's last layer allows it (`model._first_only_ok`), not on `CpuInference` (its kernels are
     laid out per full batch), and on the packed layout only when every example's position 0 is real.
+    On CUDA the packed layout is `VarlenPlan`; the mask is read on the host (`packing.host_copy`).
     """
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
@@ -234,10 +253,12 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         if attention_mask.shape != input_ids.shape:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids "
                              f"{tuple(input_ids.shape)}")
-        if pack_always or not bool(attention_mask.bool().all()):
+        host_mask = host_copy(attention_mask)  # what a device batch carries on the host: no wait for the device
+        if pack_always or not bool(host_mask.bool().all()):
             model.embeddings.check_length(input_ids.shape[1])
             packing = Packing.from_mask(attention_mask, model.config.is_causal, model.unpad_row_bucket)
-            return PackedPlan(products, packing, cls_only and bool(attention_mask[:, 0].all()))
+            layout = VarlenPlan if input_ids.device.type == "cuda" else PackedPlan
+            return layout(products, packing, cls_only and bool(host_mask[:, 0].all()))
     mask = attention_mask_for(attention_mask, input_ids.shape[1], model.config.is_causal, input_ids.device,
                               trim_keys=fast and not output_attentions)
     return PaddedPlan(products, mask, cls_only)

@@ -42,6 +42,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from tqdm.auto import tqdm
 
+from ..modeling.packing import keep_host_copy
 from . import checkpoint as ckpt
 from .distributed import DistributedContext, configure_threads, grad_scaler, setup, wrap_model
 from .embedding_grads import SparseEmbeddingGrads
@@ -49,7 +50,7 @@ from .evaluation import Evaluation
 from .memory import keep_freed_memory
 from .optim import build_optimizer
 from .order import (DataPosition, Phase, StepPlan, epoch_permutation, phase_steps,  # noqa: F401 (re-exported)
-                    training_steps)
+                    prefetched, training_steps)
 from .schedule import budget_schedule, linear_schedule
 from .settings import TrainingArguments
 from .state import EXPLODING_FACTOR, RESUME_SETTINGS, NonFiniteLossError, TrainingState  # noqa: F401 (re-exported)
@@ -202,12 +203,19 @@ class Trainer(TrainingState, Evaluation):
     # -- data -------------------------------------------------------------------------------------
 
     def _steps(self) -> Iterator[tuple[DataPosition, list[Batch]]]:
-        """From the current position on: (position after the step, this process's micro-batches)."""
-        return training_steps(self.phases, self.plans, self.phase_steps, self.position, self.step, self.args.seed,
-                              self.collate, self.args.num_workers, pin_memory=self.device.type == "cuda")
+        """From the current position on: (position after the step, this process's micro-batches). On CUDA
+        the batches are pinned and read two steps ahead on a thread (`prefetched`): the steps do not wait
+        for the device, so the host may read while the device computes."""
+        cuda = self.device.type == "cuda"
+        steps = training_steps(self.phases, self.plans, self.phase_steps, self.position, self.step, self.args.seed,
+                               self.collate, self.args.num_workers, pin_memory=cuda)
+        return prefetched(steps, device=self.device) if cuda else steps
 
     def _to_device(self, batch: Batch) -> Batch:
-        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+        """The batch on the device, each tensor copied without waiting (pinned on CUDA) and carrying its
+        host tensor (`keep_host_copy`): what a model reads of a batch's shape (its examples' lengths)
+        it reads there, so that a step never waits for the device."""
+        return {k: keep_host_copy(v.to(self.device, non_blocking=True), v) if isinstance(v, torch.Tensor) else v
                 for k, v in batch.items()}
 
     def _autocast(self):
@@ -384,6 +392,7 @@ class Trainer(TrainingState, Evaluation):
             if self.embedding_grads:
                 stack.enter_context(self.embedding_grads)
             steps = self._steps()
+            stack.callback(steps.close)  # on CUDA, stops the thread that reads ahead
             while self.step < end:
                 self.position, micro_batches = next(steps)
                 tokens += self.train_step(micro_batches)

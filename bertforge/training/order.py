@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 import dataclasses
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -20,7 +22,7 @@ import torch
 from torch.utils.data import DataLoader
 
 __all__ = ["DataPosition", "Phase", "StepPlan", "epoch_permutation", "length_grouped_order", "phase_steps",
-           "training_steps"]
+           "prefetched", "training_steps"]
 
 
 @dataclass
@@ -170,3 +172,57 @@ def phase_steps(phases: Sequence[Phase], plans: Sequence[StepPlan], max_steps: i
             raise ValueError(f"phase {index + 1} gets {count} steps: max_steps ({max_steps}) leaves none")
         steps.append(count)
     return steps
+
+
+_DONE = object()
+
+
+def prefetched(items: Iterator[Any], depth: int = 2, device: torch.device | None = None) -> Iterator[Any]:
+    """`items`, the same ones in the same order, read up to `depth` ahead on a background thread.
+
+    Why: on a GPU a training step does not wait for the device, so the host runs ahead of it; reading
+    and collating the next batches (and pinning them, `training_steps(pin_memory=True)`) on a thread of
+    its own keeps that work off the thread that launches the kernels, without the worker processes
+    of `num_workers` (their start-up, their copies of the dataset). An exception raised while reading
+    is raised here, at the item it stopped at; closing this generator stops the thread. `device`: a
+    CUDA device to make the thread's current one (pinning memory on another would start a context
+    there), as the DataLoader's own pinning thread does."""
+    if depth < 1:
+        raise ValueError(f"depth must be >= 1, got {depth}")
+    ready: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read() -> None:
+        try:
+            if device is not None and device.type == "cuda":
+                torch.cuda.set_device(device)
+            for item in items:
+                if not put((item, None)):
+                    return
+        except BaseException as error:  # handed to the consumer, raised there
+            put((_DONE, error))
+            return
+        put((_DONE, None))
+
+    thread = threading.Thread(target=read, name="bertforge-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = ready.get()
+            if item is _DONE:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+        thread.join()

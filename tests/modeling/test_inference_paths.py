@@ -684,6 +684,7 @@ def test_compile_option_wraps_the_per_token_modules():
     assert not model._inference_fast_path(torch.zeros(1, 1, dtype=torch.long))  # no eager workspace under compile
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @torch.inference_mode()

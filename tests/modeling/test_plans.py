@@ -17,10 +17,10 @@ import torch.nn.functional as F
 import bertforge.modeling.kernels as kernels_module
 from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel, optimize_for_inference
 from bertforge.modeling.attention import (_padded_attention, attend, first_token_attention, packed_attention,
-                                          padded_attention)
-from bertforge.modeling.packing import Packing
-from bertforge.modeling.plans import (REFERENCE, CpuInference, InPlace, PackedPlan, PaddedPlan, Reference,
-                                      choose_plan)
+                                          padded_attention, varlen_applies)
+from bertforge.modeling.packing import HOST_COPY, Packing, host_copy, keep_host_copy
+from bertforge.modeling.plans import (REFERENCE, REFERENCE_PRODUCTS, CpuInference, InPlace, PackedPlan, PaddedPlan,
+                                      Reference, VarlenPlan, choose_plan)
 
 TOL = 1e-5
 
@@ -215,6 +215,42 @@ def test_padded_and_packed_attention_compute_the_equation(is_causal):
             assert not context[packing.num_tokens:].any()  # filler rows
         context = _padded_attention(packed_qkv.clone().requires_grad_(), packing, num_heads=4, dropout_p=0.0)
         assert max_diff(packing.unpack(context)[real], expected[real]) <= 1e-12
+
+
+def test_cumulative_lengths_bound_each_example_and_the_varlen_plan_falls_back_off_cuda():
+    """`VarlenPlan` (CUDA's packed layout) hands FlashAttention each example's row bounds in the packed
+    order (`Packing.cu_seqlens`); where FlashAttention cannot run (float32, the CPU) its attention is
+    `PackedPlan`'s, bit for bit. (FlashAttention itself: tests/test_cuda.py.)"""
+    qkv, mask, _ = padded_case(dtype=torch.float32)  # lengths 5, 12, 5, 7, 12, 3
+    packing = Packing.from_mask(mask, row_bucket=16)
+    bounds = packing.cu_seqlens()
+    assert bounds.dtype == torch.int32 and bounds.tolist() == [0, 3, 8, 13, 20, 32, 44]
+    assert packing.max_length == 12 and packing.num_tokens == 44 and packing.extra_rows == 4
+    example = packing.index[:packing.num_tokens] // mask.shape[1]
+    for start, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # one whole example between bounds
+        assert example[start:end].unique().numel() == 1 and end - start == int(mask[example[start]].sum())
+    packed = packing.pack(qkv)
+    assert not varlen_applies(packed, num_heads=4) and not varlen_applies(packed.bfloat16(), num_heads=4)
+    with torch.no_grad():
+        got, probs = VarlenPlan(REFERENCE_PRODUCTS, packing).attention(packed, None, 4, 0.0, False)
+        assert probs is None and torch.equal(got, packed_attention(packed, packing, num_heads=4))
+
+
+def test_a_device_batch_is_packed_from_its_host_copy_without_reading_the_device():
+    """On a device, the plan reads the mask on the host copy the Trainer keeps (`keep_host_copy`): here
+    the device is `meta`, whose tensors hold no values, so any read of the device mask would fail."""
+    encoder, inputs = model(), batch()
+    mask = inputs["attention_mask"]
+    assert host_copy(mask) is mask and keep_host_copy(mask, mask) is mask and not hasattr(mask, HOST_COPY)
+    on_meta = {key: keep_host_copy(value.to("meta"), value) for key, value in inputs.items()}
+    assert host_copy(on_meta["attention_mask"]) is mask
+    plan = plan_of(encoder.to("meta"), on_meta, unpad=True, cls_only=True)
+    expected = Packing.from_mask(mask)
+    assert type(plan) is PackedPlan and plan.packing.groups == expected.groups and plan.cls_only
+    assert plan.packing.index.device.type == "meta" and plan.packing.cu_seqlens().device.type == "meta"
+    bare = inputs["attention_mask"].to("meta")  # no host copy: the mask must be read, and cannot be
+    with pytest.raises((NotImplementedError, RuntimeError)):
+        plan_of(encoder, {**on_meta, "attention_mask": bare}, unpad=True)
 
 
 def test_short_float32_groups_and_bf16_buckets_stay_with_the_equation():
