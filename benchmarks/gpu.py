@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import statistics
 import subprocess
 import sys

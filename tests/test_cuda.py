@@ -99,9 +99,10 @@ def test_the_varlen_plan_gives_the_padded_reference_outputs_and_gradients():
     assert packed_error <= 2 * padded_error + 1e-2, (packed_error, padded_error)
     relative = lambda grads: (grads - reference_grads).norm() / reference_grads.norm()  # noqa: E731
     assert relative(packed_grads) <= 2 * relative(padded_grads) + 1e-2
-    # float32 on CUDA: FlashAttention does not run; the packed plan's own attention, to 1e-5
+    # float32 on CUDA: FlashAttention does not run; the packed plan's own attention (1e-4: the GPU's
+    # kernels sum in other orders than the padded plan's)
     fp32_out, _ = encoder_errors(model, inputs, True, None)
-    assert (fp32_out - reference_out).abs().max() <= 1e-5
+    assert (fp32_out - reference_out).abs().max() <= 1e-4
 
 
 def test_attention_dropout_runs_inside_the_flash_kernel():

@@ -14,7 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import bertforge.modeling.attention as attention_module
 import bertforge.modeling.kernels as kernels_module
+import bertforge.modeling.plans as plans_module
 from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel, optimize_for_inference
 from bertforge.modeling.attention import (_padded_attention, attend, first_token_attention, packed_attention,
                                           padded_attention, varlen_applies)
@@ -234,6 +236,56 @@ def test_cumulative_lengths_bound_each_example_and_the_varlen_plan_falls_back_of
     with torch.no_grad():
         got, probs = VarlenPlan(REFERENCE_PRODUCTS, packing).attention(packed, None, 4, 0.0, False)
         assert probs is None and torch.equal(got, packed_attention(packed, packing, num_heads=4))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("row_bucket", [0, 16])
+def test_the_varlen_plan_lays_out_the_rows_as_flash_attention_reads_them(monkeypatch, is_causal, row_bucket):
+    """What `varlen_attention` hands FlashAttention and takes back: (T, A, D) views of the packed qkv, each
+    example's bounds and the longest length, the context reshaped and the filler rows zeroed. Checked on
+    the CPU with the equation in the kernel's place (`varlen_attn`'s arguments, one `attend` per
+    example between its bounds): a whole encoder on `VarlenPlan`, training, gives the padded reference's
+    outputs and gradients to 1e-5, the [CLS]-only last layer too. The kernel itself: tests/test_cuda.py."""
+    seen = []
+
+    def kernel(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kwargs):
+        causal = kwargs["window_size"] == (-1, 0) if "window_size" in kwargs else kwargs["is_causal"]
+        bounds = cu_seq_q.tolist()
+        seen.append((query.shape[0], bounds[-1], max_q, max(b - a for a, b in zip(bounds, bounds[1:]))))
+        assert torch.equal(cu_seq_q, cu_seq_k) and max_q == max_k and causal == is_causal
+        pieces = [attend(*(t[a:b].transpose(0, 1) for t in (query, key, value)), is_causal=causal)[0]
+                  for a, b in zip(bounds[:-1], bounds[1:])]
+        return torch.cat([piece.transpose(0, 1) for piece in pieces])
+
+    monkeypatch.setattr(attention_module, "varlen_attn", kernel)
+    monkeypatch.setattr(plans_module, "varlen_applies", lambda qkv, num_heads: True)
+    monkeypatch.setattr(plans_module, "PackedPlan", VarlenPlan)  # what choose_plan picks on CUDA
+    encoder, inputs = model(is_causal=is_causal), batch(lengths=(24, 19, 9, 14, 9, 3, 17, 24))
+    encoder.train()
+    encoder.unpad_row_bucket = row_bucket
+    real = inputs["attention_mask"].bool()
+    weights = torch.randn(*real.shape, encoder.config.hidden_size, generator=torch.Generator().manual_seed(1))
+
+    def step(unpad: bool, cls_only: bool = False):
+        encoder.zero_grad()
+        out = encoder(**inputs, unpad=unpad, cls_only=cls_only)
+        rows = out.last_hidden_state.shape[1]
+        loss = (out.last_hidden_state * weights[:, :rows] * real[:, :rows, None]).sum() + out.pooler_output.sum()
+        loss.backward()
+        return out, {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+
+    for cls_only in ([False] if is_causal else [False, True]):
+        reference, reference_grads = step(unpad=False, cls_only=cls_only)
+        seen.clear()
+        packed, packed_grads = step(unpad=True, cls_only=cls_only)
+        layers = encoder.config.num_hidden_layers - cls_only  # a [CLS]-only last layer has its own attention
+        assert seen == [(int(real.sum()), int(real.sum()), 24, 24)] * layers
+        rows = real[:, :packed.last_hidden_state.shape[1]]
+        assert max_diff(packed.last_hidden_state[rows], reference.last_hidden_state[rows]) <= TOL
+        assert max_diff(packed.pooler_output, reference.pooler_output) <= TOL
+        assert packed_grads.keys() == reference_grads.keys()
+        for name, grad in reference_grads.items():
+            assert grad_close(packed_grads[name], grad), name
 
 
 def test_a_device_batch_is_packed_from_its_host_copy_without_reading_the_device():
