@@ -31,6 +31,7 @@ def test_the_tiny_mode_runs_every_part_and_prints_one_json_line():
     assert len(lines) == 1
     result = json.loads(lines[0])
     assert result["device"] == "cpu" and result["preset"] == "tiny" and result["precision"] == "bf16"
+    assert result["failed_parts"] == []
     assert result["peak_bf16_tflops"] is None and "CPU" in result["peak_source"]
     for seq in ("seq32", "seq64"):
         row = result["pretrain"][seq]
