@@ -8,6 +8,8 @@
 # (which `import bertforge` needs). Prepare it once here, in the repository root (.whl/ is git-ignored):
 #     python -m pip wheel --no-deps seqeval==1.2.2 -w .whl
 # then run with `.whl` carried:   bash scripts/gpu_check.sh
+# A dry run without a GPU (the tests skip, the benchmark's tiny mode):
+#     OUT=/tmp/gpu_out PYTHON=.venv/bin/python BENCH_ARGS="--device cpu --tiny" bash scripts/gpu_check.sh
 set -u -o pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
@@ -28,7 +30,8 @@ fi
   git rev-parse --short HEAD 2>/dev/null || echo "no git"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda,
-    'transformers', transformers.__version__, torch.cuda.get_device_name(0))"
+    'transformers', transformers.__version__,
+    torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
@@ -36,7 +39,7 @@ timeout 150 "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider tests/test_cuda.p
   tests/modeling/test_inference_paths.py 2>&1 | tee "$OUT/cuda_tests.log"
 tests=$?
 
-timeout 420 "$PY" benchmarks/gpu.py > "$OUT/gpu.json" 2> >(tee "$OUT/gpu.log" >&2)
+timeout 420 "$PY" benchmarks/gpu.py ${BENCH_ARGS:-} > "$OUT/gpu.json" 2> >(tee "$OUT/gpu.log" >&2)
 bench=$?
 echo "cuda tests: exit $tests; benchmark: exit $bench"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]
