@@ -1,12 +1,15 @@
 """The task registry: every task family bertforge knows, declared once.
 
-In the spirit of google-research/bert's `processors` dict (run_classifier.py): each family names its
-canonical name and aliases, the head it fine-tunes (`head`), how its data is read (`reader`), turned
-into model inputs (`features`) and scored (`metrics`), how a fine-tuned model predicts for a file
-(`predictor`, what `bertforge predict` runs), the `FinetuneTask` builder(s) of `bertforge finetune`,
-and the name of its serving pipeline (`pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx
---task`). The CLI, the server, `pipeline()` and ONNX export read this table; `task_for_checkpoint`
-is the one resolver from a checkpoint to its family.
+In the spirit of google-research/bert's `processors` dict that its `main` reads (run_classifier.py):
+each family names its canonical name and aliases, the head it fine-tunes (`head`), how its data is
+read (`reader`), turned into model inputs (`features`) and scored (`metrics`), its `bertforge finetune`
+sub-commands (`FinetuneCommand`: own flags, the `FinetuneTask` built from them, the recipe's defaults,
+what runs after training), what `bertforge predict` runs for its models (`PredictCommand`), and the
+name of its serving pipeline (`pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx --task`).
+The commands, the server, `pipeline()` and ONNX export read this table (`TASKS`, which
+`register_family` extends at run time); `family_for_checkpoint` is the one resolver from a checkpoint
+to its family. The functions an entry names live in the family's module; adding a task is that
+module and one entry (ARCHITECTURE.md, "Where to add things").
 
 Canonical names. One name per concept, and it is the name of what the model *does*, not of a
 data set or of one use of a head: `classify`, `multiple-choice`, `answer`, `tag`, `embed`,
@@ -15,7 +18,7 @@ carry (ONNX metadata stores it, and a file is refused for another task), so choo
 stored artefact valid. The other names in use stay aliases forever: the CLI's commands (`ner`,
 `squad`, `extract-features`), the `finetuning_task` values that fine-tuned checkpoints carry in
 config.json (`ner`, `squad`, `squad_v2`, a GLUE task name, `multiple-choice`), the module names
-(`tagging`, `choice`, `features`) and the Hugging Face task names (`token-classification`,
+(`tagging`, `choice`, and `features`, the embed module's old name) and the Hugging Face task names (`token-classification`,
 `question-answering`, `feature-extraction`, `text-classification`, `multiple-choice`). `tag` rather
 than `ner` because the head labels tokens with any tag set (NER, chunking, POS); `answer` rather
 than `squad` because SQuAD is one data set of extractive question answering.
