@@ -18,8 +18,9 @@ carry (ONNX metadata stores it, and a file is refused for another task), so choo
 stored artefact valid. The other names in use stay aliases forever: the CLI's commands (`ner`,
 `squad`, `extract-features`), the `finetuning_task` values that fine-tuned checkpoints carry in
 config.json (`ner`, `squad`, `squad_v2`, a GLUE task name, `multiple-choice`), the module names
-(`tagging`, `choice`, and `features`, the embed module's old name) and the Hugging Face task names (`token-classification`,
-`question-answering`, `feature-extraction`, `text-classification`, `multiple-choice`). `tag` rather
+(`tagging`, `choice`, and `features`, the embed module's old name) and the Hugging Face task names
+(`token-classification`, `question-answering`, `feature-extraction`, `text-classification`,
+`multiple-choice`). `tag` rather
 than `ner` because the head labels tokens with any tag set (NER, chunking, POS); `answer` rather
 than `squad` because SQuAD is one data set of extractive question answering.
 """
@@ -199,7 +200,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
                             after=tagging.ner_after),
         ),
         predict=PredictCommand(tagging.predict_from_args, tagging.add_predict_flags),
-        finetuning_tasks=(tagging.TASK_NAME,),
+        finetuning_tasks=(conll.TASK_NAME,),
     ),
     TaskFamily(
         name="embed", aliases=("feature-extraction", "embedding", "extract-features", "features"),

@@ -24,15 +24,13 @@ from ..modeling.pretrained import resolve_model_dir
 from ..modeling.modes import evaluating
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
-from .conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTIONS, IGNORE_INDEX, NerData,
+from .conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTIONS, IGNORE_INDEX, TASK_NAME, NerData,
                     build_windows, collate_windows, labelled_tokens, ner_metrics, prepare_ner_data,
                     read_for_prediction, read_model_config, word_piece_ids, write_conll)
 from .feature_based import feature_ner_task, predict_conll_feature_based
 
-__all__ = ["TASK_NAME", "add_ner_flags", "add_predict_flags", "ner_after", "ner_from_args", "ner_summary", "ner_task",
+__all__ = ["add_ner_flags", "add_predict_flags", "ner_after", "ner_from_args", "ner_summary", "ner_task",
            "predict_conll", "predict_from_args", "predict_window_tags", "token_classification_step"]
-
-TASK_NAME = "ner"  # `finetuning_task` in the fine-tuned model's config.json
 
 
 def token_classification_step(model, batch: dict[str, torch.Tensor]):
