@@ -20,9 +20,6 @@ SHARED_FLAGS = ("epochs", "batch_size", "grad_accum", "max_steps", "warmup_ratio
                 "precision", "seed", "eval_every", "eval_batch_size", "log_every", "save_every", "resume",
                 "max_minutes", "group_by_length", "unpad", "num_threads", "device", "progress")
 
-# The epochs of a recipe that names none and of a task() that leaves `args.recipe_epochs` unset.
-DEFAULT_EPOCHS = 3.0
-
 
 def _lr_list(text: str) -> list[float]:
     try:
@@ -66,10 +63,8 @@ def add_command(tasks: argparse._SubParsersAction, command: FinetuneCommand) -> 
     p = tasks.add_parser(command.name, help=command.help)
     command.add_flags(p)
     recipe = command.recipe
-    _add_finetune_flags(p, lr=recipe.get("lr", 2e-5), batch_size=recipe.get("batch_size", 32),
-                        max_seq_length=recipe.get("max_seq_length", 128))
-    p.set_defaults(func=run, check=command.check, finetune_command=command,
-                   recipe_epochs=recipe.get("epochs"))
+    _add_finetune_flags(p, **{k: recipe[k] for k in ("lr", "batch_size", "max_seq_length") if k in recipe})
+    p.set_defaults(func=run, check=command.check, finetune_command=command, recipe_epochs=recipe.get("epochs"))
     return p
 
 
@@ -86,14 +81,16 @@ def run(args: argparse.Namespace) -> None:
 
 def _arguments(args: argparse.Namespace, epochs: float | None = None) -> FinetuneArguments:
     """FinetuneArguments from the flags `_add_finetune_flags` defines; `epochs`: the task's recipe, when
-    --epochs is not given (default: the command's, `args.recipe_epochs`, else 3). --max-steps wins over the
-    epochs (the engine's rule); given with --epochs too, that is said on stderr."""
+    --epochs is not given (default: the command's, `args.recipe_epochs`, else FinetuneArguments' own).
+    --max-steps wins over the epochs (the engine's rule); given with --epochs too, that is said on stderr."""
     if epochs is None:
-        epochs = getattr(args, "recipe_epochs", None) or DEFAULT_EPOCHS
+        epochs = getattr(args, "recipe_epochs", None)
     if args.max_steps is not None and args.epochs is not None:
         print(f"bertforge finetune: note: --max-steps {args.max_steps} wins over --epochs {args.epochs:g}: "
               f"training runs {args.max_steps} steps", file=sys.stderr)
-    return settings_from_args(FinetuneArguments, args, epochs=args.epochs if args.epochs is not None else epochs)
+    if args.epochs is not None or epochs is None:
+        return settings_from_args(FinetuneArguments, args)  # --epochs, or the settings' default
+    return settings_from_args(FinetuneArguments, args, epochs=epochs)
 
 
 def _grid(args: argparse.Namespace) -> tuple[list[float] | None, list[int] | None]:
