@@ -37,7 +37,8 @@ def main() -> None:
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from bertforge.tasks.glue import get_task, glue_task, read_glue_examples
+    from bertforge.tasks.glue import glue_task
+    from bertforge.tasks.glue_data import get_task, read_glue_examples
     from bertforge.training import Phase, Trainer, TrainingArguments
 
     torch.set_num_threads(args.threads)

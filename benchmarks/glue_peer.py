@@ -33,7 +33,7 @@ def run_seed(args, seed: int) -> dict:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
 
     from bertforge.metrics.glue import glue_metrics, main_metric
-    from bertforge.tasks.glue import get_task, read_glue_examples
+    from bertforge.tasks.glue_data import get_task, read_glue_examples
 
     spec = get_task(args.task)
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -2,7 +2,7 @@
 
 What Hugging Face's `examples/pytorch/token-classification/run_ner.py` does, on the same files, checkpoint,
 hyperparameters, seeds and maximum length as `bertforge finetune ner`, scored with bertforge's metric
-(`bertforge.tasks.tagging.ner_metrics`, conlleval semantics), so the two numbers are comparable:
+(`bertforge.tasks.conll.ner_metrics`, conlleval semantics), so the two numbers are comparable:
 
 * words tokenized with `is_split_into_words=True`, truncated to `--max-seq-length`; the first sub-token
   of each word carries its label, the other sub-tokens -100 (run_ner's `label_all_tokens=False`);
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 DATA = REPO.parent / "shared" / "data" / "conll2003"
 
-from bertforge.tasks.tagging import label_list_from, ner_metrics, read_conll  # noqa: E402
+from bertforge.tasks.conll import label_list_from, ner_metrics, read_conll  # noqa: E402
 
 
 def log(message: str) -> None:

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from _common import cpu_model, log, quiet_libraries  # noqa: E402
 
-from bertforge.tasks.squad import SquadSettings, convert_examples_to_features, read_squad_file  # noqa: E402
+from bertforge.tasks.squad_data import SquadSettings, convert_examples_to_features, read_squad_file  # noqa: E402
 from bertforge.tokenization import BertTokenizer  # noqa: E402
 
 DEFAULT_INPUT = REPO.parent / "shared" / "data" / "squad" / "v2.0" / "dev-v2.0.cs224n-half.json"

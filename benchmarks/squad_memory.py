@@ -69,7 +69,7 @@ def main() -> int:
     import torch
 
     from bertforge.modeling import BertConfig, BertForPreTraining
-    from bertforge.tasks.squad import SquadSettings, convert_examples_to_features, read_squad_file
+    from bertforge.tasks.squad_data import SquadSettings, convert_examples_to_features, read_squad_file
     from bertforge.tokenization import BertTokenizer
 
     settings = SquadSettings()

@@ -45,8 +45,9 @@ from _common import log, quiet_libraries  # noqa: E402
 from squad_peer import postprocess_qa_predictions, prepare_train_features, prepare_validation_features  # noqa: E402
 
 from bertforge.metrics.squad import normalize_answer  # noqa: E402
-from bertforge.tasks.squad import (SquadSettings, convert_examples_to_features, postprocess,  # noqa: E402
-                                   predict_logits, read_squad_file)
+from bertforge.tasks.squad import predict_logits  # noqa: E402
+from bertforge.tasks.squad_data import SquadSettings, convert_examples_to_features, read_squad_file  # noqa: E402
+from bertforge.tasks.squad_postprocess import postprocess  # noqa: E402
 from bertforge.tokenization import BertTokenizer  # noqa: E402
 
 SQUAD = REPO.parent / "shared" / "data" / "squad"

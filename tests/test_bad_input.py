@@ -81,7 +81,8 @@ def test_predict_answers_are_strict_json_and_an_empty_context_is_refused(models,
     assert main(["predict", "--model", str(models["squad"]), "--question", "Who?", "--context", ""]) == 2
     assert "error: --context is empty" in _error(capsys)
 
-    from bertforge.tasks.squad import answer_questions, json_text
+    from bertforge.tasks.squad import answer_questions
+    from bertforge.tasks.squad_postprocess import json_text
 
     with pytest.raises(ValueError, match="context 1 is empty"):
         answer_questions(models["squad"], ["who?", "who?"], ["john .", "  "])
@@ -153,10 +154,10 @@ LATIN1 = "caf\xe9".encode("latin-1")  # 0xe9: not UTF-8
 ])
 def test_every_reader_names_file_and_line_of_an_undecodable_byte(name, content, line, tmp_path):
     from bertforge.tasks.choice import read_swag_file
-    from bertforge.tasks.classification import read_classify_file
-    from bertforge.tasks.glue import read_glue_examples
-    from bertforge.tasks.squad import read_squad_file
-    from bertforge.tasks.tagging import read_conll
+    from bertforge.tasks.classify_reader import read_classify_file
+    from bertforge.tasks.glue_data import read_glue_examples
+    from bertforge.tasks.squad_data import read_squad_file
+    from bertforge.tasks.conll import read_conll
 
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +204,7 @@ def test_an_empty_glue_file_is_named_before_the_model_loads(config_only, tmp_pat
 
 
 def test_squad_training_data_with_wrong_offsets_is_refused(shared_data, minilm_dir, tmp_path, capsys):
-    from bertforge.tasks.squad import read_squad_file
+    from bertforge.tasks.squad_data import read_squad_file
 
     source = shared_data / "squad" / "v1.1" / "train-v1.1.first11.json"
     root = json.loads(source.read_text(encoding="utf-8"))
@@ -226,7 +227,7 @@ def test_squad_training_data_with_wrong_offsets_is_refused(shared_data, minilm_d
 
 
 def test_a_few_unalignable_answers_are_only_skipped():
-    from bertforge.tasks.squad import SquadExample, check_alignment
+    from bertforge.tasks.squad_data import SquadExample, check_alignment
 
     examples = [SquadExample(str(i), "q", "c", [("c", 0)]) for i in range(200)]
     check_alignment([("7", "moved")], examples, "train.json")  # 0.5 %: skipped with a warning

@@ -10,17 +10,17 @@ from .._checks import check_flags, check_positions
 from .._files import is_disk_full
 from ..modeling.pretrained import resolve_model_dir
 from ..training import NonFiniteLossError
-from . import (convert_tf, export_onnx, features, finetune, plot, predict, prepare, pretrain, quickstart, reproduce,
-               serve, vocab)
+from . import (convert_tf, export_onnx, extract_features, finetune, plot, predict, prepare, pretrain, quickstart,
+               reproduce, serve, vocab)
 
 # The sub-commands in --help's order; each module's `register` adds its parser, whose `func` runs it
 # (and `check`, where a command has one, judges its flags together before anything loads).
-COMMANDS = (quickstart, vocab, features, convert_tf, prepare, pretrain, finetune, predict, plot, export_onnx, serve,
-            reproduce)
+COMMANDS = (quickstart, vocab, extract_features, convert_tf, prepare, pretrain, finetune, predict, plot, export_onnx,
+            serve, reproduce)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of every sub-command."""
+    """The parser of every sub-command (`finetune`'s and `predict`'s read the task registry as it is now)."""
     parser = argparse.ArgumentParser(prog="bertforge", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); 0 on success, 2 for input to fix, 1 for a disk
     that filled up (each one line on stderr, no traceback)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(features.attach_negative_values(argv))
+    args = build_parser().parse_args(extract_features.attach_negative_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         check_flags(args)  # every flag's limits, before a model is fetched or loads, or data is read

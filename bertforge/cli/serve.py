@@ -66,7 +66,8 @@ def require_serve_extra() -> None:
 
 def run(args: argparse.Namespace) -> None:
     require_serve_extra()
-    from ..serving.server import ServerSettings, serve  # optional extra
+    from ..serving.server import serve  # optional extra
+    from ..serving.server_settings import ServerSettings  # optional extra
 
     tasks = [t for value in args.task or [] for t in value.split(",") if t]
     settings = ServerSettings(max_batch_size=args.max_batch_size, max_batch_tokens=args.max_batch_tokens,

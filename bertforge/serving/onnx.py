@@ -33,7 +33,7 @@ from torch import nn
 from .._files import atomic_open
 from ..modeling import BertModel
 from ..modeling.modes import evaluating
-from .registry import PIPELINES, resolve_task, task_for_checkpoint
+from .registry import PIPELINES, pipeline_for_checkpoint, resolve_task
 from .runner import Batch
 
 
@@ -213,11 +213,11 @@ def export_onnx(model_dir: str | os.PathLike, output: str | os.PathLike | None, 
                 opset: int = DEFAULT_OPSET, check: bool = True, atol: float = DEFAULT_ATOL) -> ExportReport:
     """Export the `task` pipeline of a checkpoint to `output` and check it against PyTorch.
 
-    task: any name of the task registry (default: the checkpoint's, see `task_for_checkpoint`). The check runs
-    both backends on random padded batches of three shapes (so the dynamic axes are exercised) and
-    raises OnnxParityError, writing no file, when the largest difference exceeds `atol`.
+    task: any name of the task registry (default: the checkpoint's pipeline, `pipeline_for_checkpoint`).
+    The check runs both backends on random padded batches of three shapes (so the dynamic axes are
+    exercised) and raises OnnxParityError, writing no file, when the largest difference exceeds `atol`.
     """
-    task = resolve_task(task or task_for_checkpoint(model_dir))
+    task = resolve_task(task or pipeline_for_checkpoint(model_dir))
     cls = PIPELINES[task]
     pipe = cls(model_dir, backend="torch", device="cpu")
     model = pipe.runner.graph.model

@@ -37,8 +37,7 @@ Shutdown (SIGINT/SIGTERM) stops accepting connections and finishes the requests 
 the process exits.
 
 The pieces: settings and errors (`server_settings`), metrics (`server_metrics`), micro-batching
-(`batching`); this module reads and checks requests and builds the app. Their names stay importable
-from here.
+(`batching`); this module reads and checks requests and builds the app.
 
 Needs the `serve` extra: `pip install 'bertforge[serve]'` (starlette, uvicorn).
 """
@@ -65,10 +64,9 @@ from starlette.routing import Route
 from ..modeling.pretrained import resolve_model_dir
 from .batching import MicroBatcher
 from .http_protocol import protocol_class
-from .pipelines import (PIPELINES, Pipeline, PipelineInputError, pipeline, resolve_task,  # noqa: F401 (re-exported)
-                        task_for_checkpoint)
-from .server_metrics import (BATCH_BUCKETS, LATENCY_BUCKETS, Histogram, Metrics,  # noqa: F401 (re-exported)
-                             MetricsMiddleware, resident_memory_bytes)
+from .pipelines import Pipeline, PipelineInputError, pipeline, resolve_task
+from .registry import pipeline_for_checkpoint
+from .server_metrics import Metrics, MetricsMiddleware
 from .server_settings import ApiError, ServerSettings
 
 logger = logging.getLogger("bertforge.serve")
@@ -312,7 +310,7 @@ def load_pipelines(model: str, tasks: Sequence[str] | None = None, backend: str 
                    dtype: str | None = None) -> dict[str, Pipeline]:
     """The pipelines to serve (default: the one the checkpoint was trained for); `dtype`: see `Pipeline`."""
     model = str(resolve_model_dir(model))  # a Hub id: fetched once, for every pipeline
-    names = [resolve_task(t) for t in (tasks or [task_for_checkpoint(model)])]
+    names = [resolve_task(t) for t in (tasks or [pipeline_for_checkpoint(model)])]
     if onnx_model is not None and len(names) > 1:
         raise ValueError("--onnx-model holds one task's graph: serve one --task with it")
     return {name: pipeline(name, model=model, backend=backend, device=device, max_length=max_length,
@@ -374,4 +372,4 @@ def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1
         raise SystemExit(1)
 
 
-__all__ = ["ServerSettings", "Metrics", "MicroBatcher", "create_app", "load_pipelines", "serve"]
+__all__ = ["create_app", "load_pipelines", "serve"]

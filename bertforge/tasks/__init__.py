@@ -3,6 +3,21 @@
 Families (canonical name: modules): classify (`classification`, with `classify_reader`,
 `classify_features`, GLUE's `glue_data` and `glue`), multiple-choice (`choice`), answer (`squad`, with
 `squad_data` and `squad_postprocess`), tag (`tagging` by fine-tuning, `feature_based` on frozen
-features, both on `conll`), embed (`features`). Shared by all: `arrays` (padding, softmax) and
+features, both on `conll`), embed (`embed`). Shared by all: `arrays` (padding, softmax) and
 `windows` (long inputs as overlapping windows). Nothing here imports `bertforge.serving` or the CLI.
+
+Each name has one home, the module that defines it; import it from there. "features" means model
+inputs (Google's InputFeatures: `convert_examples_to_features` in each family's module).
+
+Public aliases, the only ones (names users imported before they moved):
+  * `bertforge.tasks.features` -> `bertforge.tasks.embed` (the embed family's module, renamed so that
+    "features" keeps one meaning): the same module object, so `from bertforge.tasks.features import
+    extract_features` keeps working.
 """
+
+import sys
+
+from . import embed
+
+sys.modules[f"{__name__}.features"] = embed
+features = embed

@@ -18,6 +18,7 @@ The sequence layout and truncation follow Google's and Hugging Face's SWAG scrip
 
 from __future__ import annotations
 
+import argparse
 import csv
 import io
 import itertools
@@ -31,6 +32,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .._checks import model_positions
 from .._files import write_text_atomic
 from ..modeling import BertForMultipleChoice, load_for_inference
 from ..modeling.pretrained import check_pretrained, resolve_model_dir
@@ -41,8 +43,10 @@ from .classification import predict_features
 from .classify_features import batch_labels
 from .classify_reader import names_shown, read_delimited_rows
 
-__all__ = ["TASK_NAME", "ChoiceExample", "choice_step", "collate", "convert_examples_to_features",
-           "multiple_choice_task", "predict_choice_file", "predict_choice_logits", "read_swag_file",
+__all__ = ["TASK_NAME", "ChoiceExample", "add_multiple_choice_flags", "choice_step", "collate",
+           "convert_examples_to_features", "multiple_choice_after", "multiple_choice_from_args",
+           "multiple_choice_task", "predict_from_args", "predict_choice_file", "predict_choice_logits",
+           "read_swag_file",
            "write_choice_predictions", "write_swag_file"]
 
 TASK_NAME = "multiple-choice"  # `finetuning_task` in the fine-tuned model's config.json
@@ -322,3 +326,37 @@ def predict_choice_file(model_dir: str | os.PathLike, input_file: str | os.PathL
                                             for e, p in zip(examples, probabilities)]
     write_text_atomic(output_file, "\n".join(lines) + "\n")
     return output_file
+
+
+# ---------------------------------------------------------------------------- the commands (the registry's entry)
+
+def add_multiple_choice_flags(p: argparse.ArgumentParser) -> None:
+    """`bertforge finetune multiple-choice`'s own flags: SWAG-layout files."""
+    p.add_argument("--train-file", required=True, help="SWAG CSV: [index], video-id, fold-ind, startphrase, sent1, "
+                   "sent2, gold-source, ending0..ending3, label")
+    p.add_argument("--dev-file", required=True, help="SWAG CSV with labels (SWAG's val.csv)")
+    p.add_argument("--test-file", help="SWAG CSV, labels optional: predicted into OUT/test_predictions.tsv")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N examples only")
+
+
+def multiple_choice_from_args(args: argparse.Namespace) -> FinetuneTask:
+    """`multiple_choice_task` from `bertforge finetune multiple-choice`'s flags."""
+    return multiple_choice_task(args.model, args.train_file, args.dev_file, max_seq_length=args.max_seq_length,
+                                eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
+
+
+def multiple_choice_after(args: argparse.Namespace) -> None:
+    """--test-file predicted with the best model into OUT/test_predictions.tsv."""
+    if args.test_file:
+        path = predict_choice_file(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
+                                   max_seq_length=args.max_seq_length, batch_size=args.eval_batch_size)
+        print(f"test predictions: {path}")
+
+
+def predict_from_args(args: argparse.Namespace) -> None:
+    """`bertforge predict` for a multiple-choice model: `predict_choice_file`."""
+    if args.max_seq_length is None:  # 128, or fewer for a model with fewer positions
+        args.max_seq_length = min(128, model_positions(args.model) or 128)
+    path = predict_choice_file(args.model, args.input, args.output, max_seq_length=args.max_seq_length,
+                               batch_size=args.batch_size, dtype=args.dtype)
+    print(f"wrote {path}")

@@ -4,14 +4,17 @@
 * `classify_metrics`: the user's own task's scores; `classification_task`: the `FinetuneTask` of any
   sentence(-pair) task (GLUE's `glue_task` and `classify_task` build on it).
 * `predict_file`: a fine-tuned classifier's predictions for a GLUE or a CSV/TSV/JSONL file.
+* the classify family's commands (`bertforge finetune classify`, `bertforge predict` for a classifier),
+  read by the task registry; GLUE's are in `bertforge.tasks.glue`.
 
-Its data pieces live one concern per module and stay importable from here: examples and the reader
-of the user's files in `bertforge.tasks.classify_reader`, features and batches in
+Its data pieces live one concern per module (import them from there): examples and the reader of the
+user's files in `bertforge.tasks.classify_reader`, features and batches in
 `bertforge.tasks.classify_features`, the GLUE layout in `bertforge.tasks.glue_data`.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from pathlib import Path
 from typing import Sequence
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
+from .._checks import model_positions
 from .._files import read_text, write_text_atomic
 from ..metrics.glue import accuracy, pearson, spearman
 from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
@@ -28,19 +32,15 @@ from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .arrays import softmax
-from .classify_features import (LONG_INPUT_MODES, _convert, _feature_label, batch_labels, collate,
-                                convert_examples_to_features, convert_examples_to_window_features,
-                                length_grouped_order, pad_batch)
-from .classify_reader import (CLASSIFY_EXTENSIONS, InputExample, id2label, names_shown, read_classify_file,
-                              read_delimited_rows, sort_labels)
+from .classify_features import LONG_INPUT_MODES, collate, example_label, examples_to_features
+from .classify_reader import InputExample, id2label, read_classify_file
 from .glue_data import get_task, read_glue_file, write_dev_predictions, write_predictions
 from .windows import aggregate_window_logits
 
-__all__ = ["CLASSIFY_EXTENSIONS", "LONG_INPUT_MODES", "InputExample", "batch_labels", "classification_task",
-           "classify_metrics", "classify_task", "collate", "convert_examples_to_features",
-           "convert_examples_to_window_features", "id2label", "length_grouped_order", "logits_to_predictions",
-           "names_shown", "pad_batch", "predict_examples", "predict_features", "predict_file", "read_classify_file",
-           "read_delimited_rows", "sequence_classification_step", "sort_labels"]
+__all__ = ["add_classify_flags", "add_long_input_flags", "add_predict_flags", "classification_task",
+           "classify_after", "classify_from_args", "classify_metrics", "classify_task", "logits_to_predictions",
+           "predict_examples", "predict_features", "predict_file", "predict_from_args",
+           "sequence_classification_step"]
 
 
 def predict_examples(model, features: Sequence[dict], batch_size: int = 128, pad_token_id: int = 0) -> np.ndarray:
@@ -121,12 +121,14 @@ def classification_task(name: str, model_dir: str | os.PathLike, train_examples:
     check_pretrained(resolve_model_dir(model_dir))  # the checkpoint whole, before its data is tokenized
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     regression = label_list is None
-    train_features = _convert(train_examples, tokenizer, label_list, max_seq_length, long_input, window_stride)
-    dev_features = {split: _convert(examples, tokenizer, label_list, max_seq_length, long_input, window_stride)
+    train_features = examples_to_features(train_examples, tokenizer, label_list, max_seq_length, long_input,
+                                          window_stride)
+    dev_features = {split: examples_to_features(examples, tokenizer, label_list, max_seq_length, long_input,
+                                                window_stride)
                     for split, examples in dev_sets.items()}
     # Metrics are per example (a windowed example has several features, one prediction).
     label_map = None if label_list is None else {label: i for i, label in enumerate(label_list)}
-    dev_labels = {split: [_feature_label(e, label_map) for e in examples] for split, examples in dev_sets.items()}
+    dev_labels = {split: [example_label(e, label_map) for e in examples] for split, examples in dev_sets.items()}
     pad_id = tokenizer.vocab.get("[PAD]", 0)
     labels = None if regression else list(label_list)
 
@@ -201,7 +203,7 @@ def predict_file(model_dir: str | os.PathLike, input_file: str | os.PathLike, ou
         examples, _ = read_classify_file(input_file, regression, label_list=label_list, require_labels=False)
     tokenizer = BertTokenizer.from_pretrained(resolve_model_dir(model_dir))
     model = load_for_inference(BertForSequenceClassification, model_dir, dtype, task=task)
-    features = _convert([InputExample(e.guid, e.text_a, e.text_b) for e in examples], tokenizer, label_list,
+    features = examples_to_features([InputExample(e.guid, e.text_a, e.text_b) for e in examples], tokenizer, label_list,
                         max_seq_length, long_input, window_stride)
     logits = predict_examples(model, features, batch_size, tokenizer.vocab.get("[PAD]", 0))
     predictions = logits_to_predictions(logits, regression)
@@ -239,3 +241,59 @@ def classify_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, d
                                main_metric="pearson" if regression else "accuracy",
                                max_seq_length=max_seq_length, eval_batch_size=eval_batch_size,
                                long_input=long_input, window_stride=window_stride)
+
+
+# ---------------------------------------------------------------------------- the commands (the registry's entry)
+
+def add_long_input_flags(p: argparse.ArgumentParser) -> None:
+    """Classification's handling of inputs longer than --max-seq-length (`finetune classify` and `glue`)."""
+    p.add_argument("--long-input", choices=LONG_INPUT_MODES, default="truncate",
+                   help="truncate: cut a long input to --max-seq-length (Google's run_classifier); windows: "
+                   "cut it into overlapping windows, train on each with the example's label, predict the mean "
+                   "of the windows' logits")
+    p.add_argument("--doc-stride", type=int, help="--long-input windows: tokens between window starts "
+                   "(default: half a window)")
+
+
+def add_classify_flags(p: argparse.ArgumentParser) -> None:
+    """`bertforge finetune classify`'s own flags: the user's files, --regression, long inputs."""
+    p.add_argument("--train-file", required=True)
+    p.add_argument("--dev-file", required=True)
+    p.add_argument("--test-file", help="predicted with the best model into OUT/test_predictions.tsv")
+    p.add_argument("--regression", action="store_true", help="numeric labels: one output, MSE loss")
+    add_long_input_flags(p)
+
+
+def classify_from_args(args: argparse.Namespace) -> FinetuneTask:
+    """`classify_task` from `bertforge finetune classify`'s flags."""
+    return classify_task(args.model, args.train_file, args.dev_file, regression=args.regression,
+                         max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
+                         long_input=args.long_input, window_stride=args.doc_stride)
+
+
+def classify_after(args: argparse.Namespace) -> None:
+    """--test-file predicted with the best model into OUT/test_predictions.tsv."""
+    if args.test_file:
+        path = predict_file(args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
+                            task="classify", max_seq_length=args.max_seq_length, long_input=args.long_input,
+                            window_stride=args.doc_stride)
+        print(f"test predictions: {path}")
+
+
+def add_predict_flags(p: argparse.ArgumentParser) -> None:
+    """`bertforge predict`'s flags for a classifier: how long inputs are handled."""
+    p.add_argument("--long-input", choices=LONG_INPUT_MODES,
+                   help="classification: truncate long inputs, or classify overlapping windows and average "
+                   "their logits (default: what the model was fine-tuned with)")
+    p.add_argument("--doc-stride", type=int, help="classification with --long-input windows: tokens between "
+                   "window starts (default: the model's, or half a window)")
+
+
+def predict_from_args(args: argparse.Namespace) -> None:
+    """`bertforge predict` for a classifier: `predict_file` (--task: a GLUE task's labels and format)."""
+    if args.max_seq_length is None:  # 128, or fewer for a model with fewer positions
+        args.max_seq_length = min(128, model_positions(args.model) or 128)
+    path = predict_file(args.model, args.input, args.output, task=args.task, max_seq_length=args.max_seq_length,
+                        batch_size=args.batch_size, long_input=args.long_input, window_stride=args.doc_stride,
+                        dtype=args.dtype)
+    print(f"wrote {path}")

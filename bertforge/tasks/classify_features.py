@@ -5,7 +5,6 @@
 * `collate(features)`: a batch of tensors padded to its longest row (dynamic padding), from
   `pad_batch` (the model inputs, `bertforge.tasks.arrays.padded_inputs`) and `batch_labels`, which
   other tasks' collates use too.
-* `length_grouped_order(...)`: an epoch's order with batches of similar lengths (from `bertforge.training.order`).
 """
 
 from __future__ import annotations
@@ -14,13 +13,12 @@ from typing import Sequence
 
 import torch
 
-from ..training.order import length_grouped_order  # re-exported: its home is training/order.py
 from .arrays import padded_inputs
 from .classify_reader import InputExample
 from .windows import windows
 
 __all__ = ["LONG_INPUT_MODES", "batch_labels", "collate", "convert_examples_to_features",
-           "convert_examples_to_window_features", "length_grouped_order", "pad_batch"]
+           "convert_examples_to_window_features", "example_label", "examples_to_features", "pad_batch"]
 
 
 def convert_examples_to_features(examples: Sequence[InputExample], tokenizer, label_list: Sequence[str] | None,
@@ -44,11 +42,13 @@ def convert_examples_to_features(examples: Sequence[InputExample], tokenizer, la
                                          max_length=max_seq_length, truncation="longest_first", padding=False)
         for i, row in zip(indices, encoded):
             features[i] = {"input_ids": row["input_ids"], "token_type_ids": row["token_type_ids"],
-                           "label": _feature_label(examples[i], label_map)}
+                           "label": example_label(examples[i], label_map)}
     return features
 
 
-def _feature_label(example: InputExample, label_map: dict[str, int] | None):
+def example_label(example: InputExample, label_map: dict[str, int] | None) -> int | float | None:
+    """An example's label as a feature carries it: its index in `label_map`, a float when `label_map` is
+    None (regression), None for an unlabelled example; ValueError naming the example for an unknown label."""
     if example.label is None:
         return None
     if label_map is None:
@@ -125,7 +125,7 @@ def convert_examples_to_window_features(examples: Sequence[InputExample], tokeni
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     features = []
     for index, example in enumerate(examples):
-        label = _feature_label(example, label_map)
+        label = example_label(example, label_map)
         a, b = texts_a[index], texts_b.get(index)
         room = max_seq_length - (2 if b is None else 3)  # tokens left after the special tokens
         if room < 2:
@@ -150,9 +150,10 @@ def convert_examples_to_window_features(examples: Sequence[InputExample], tokeni
     return features
 
 
-def _convert(examples: Sequence[InputExample], tokenizer, label_list: Sequence[str] | None, max_seq_length: int,
-             long_input: str, stride: int | None) -> list[dict]:
-    """The features of `examples` under a `long_input` mode ("truncate" or "windows")."""
+def examples_to_features(examples: Sequence[InputExample], tokenizer, label_list: Sequence[str] | None,
+                         max_seq_length: int, long_input: str, stride: int | None) -> list[dict]:
+    """The features of `examples` under a `long_input` mode: "truncate" (`convert_examples_to_features`)
+    or "windows" (`convert_examples_to_window_features`, `stride` tokens between window starts)."""
     if long_input == "truncate":
         return convert_examples_to_features(examples, tokenizer, label_list, max_seq_length)
     if long_input == "windows":

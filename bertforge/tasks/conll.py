@@ -43,7 +43,7 @@ from .arrays import pad_inputs, pad_rows
 logger = logging.getLogger("bertforge")
 
 __all__ = ["CONFIG_DOCUMENT_CONTEXT", "CONFIG_MAX_SEQ_LENGTH", "DEV_PREDICTIONS", "DOCSTART", "IGNORE_INDEX",
-           "NerData", "Sentence", "build_windows", "collate_windows", "label_list_from", "labelled_tokens",
+           "TASK_NAME", "NerData", "Sentence", "build_windows", "collate_windows", "label_list_from", "labelled_tokens",
            "ner_metrics", "prepare_ner_data", "read_conll", "read_for_prediction", "read_model_config", "to_iob2",
            "word_piece_ids", "write_conll"]
 
@@ -54,6 +54,8 @@ _TAG = re.compile(r"^(O|[BIES]-\S+)$")
 CONFIG_DOCUMENT_CONTEXT = "ner_document_context"
 CONFIG_MAX_SEQ_LENGTH = "ner_max_seq_length"
 DEV_PREDICTIONS = "dev_predictions.txt"
+# `finetuning_task` in the config.json of a NER model, fine-tuned (`tagging`) or feature-based (`feature_based`).
+TASK_NAME = "ner"
 
 
 # ---------------------------------------------------------------------------- reading and writing

@@ -41,7 +41,7 @@ from ..modeling.modes import evaluating
 from ..modeling.pretrained import resolve_model_dir
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
-from .conll import (DEV_PREDICTIONS, IGNORE_INDEX, NerData, build_windows, collate_windows, labelled_tokens,
+from .conll import (DEV_PREDICTIONS, IGNORE_INDEX, TASK_NAME, NerData, build_windows, collate_windows, labelled_tokens,
                     ner_metrics, prepare_ner_data, read_for_prediction, read_model_config, word_piece_ids,
                     write_conll)
 
@@ -258,7 +258,8 @@ def feature_ner_task(model_dir: str | os.PathLike, train_file: str | os.PathLike
     label_map = data.label_map
     train_labels = [[label_map[t] for t in s.tags] for s in data.train]
     gold = [s.tags for s in data.dev]
-    config = {"finetuning_task": "ner", "input_size": int(train_features.values.shape[1]), "lstm_hidden": lstm_hidden,
+    config = {"finetuning_task": TASK_NAME, "input_size": int(train_features.values.shape[1]),
+              "lstm_hidden": lstm_hidden,
               "num_layers": lstm_layers, "dropout": dropout, "num_labels": len(data.labels),
               "id2label": {str(i): label for i, label in enumerate(data.labels)},
               "feature_based": {"encoder": str(Path(model_dir).resolve()), "features": features,
@@ -272,7 +273,7 @@ def feature_ner_task(model_dir: str | os.PathLike, train_file: str | os.PathLike
         write_conll(output_dir / DEV_PREDICTIONS, data.dev, predicted)
 
     return FinetuneTask(
-        name="ner", build_model=lambda: BiLSTMTagger(config), tokenizer=data.tokenizer,
+        name=TASK_NAME, build_model=lambda: BiLSTMTagger(config), tokenizer=data.tokenizer,
         train_features=[{"sentence": s} for s in range(len(data.train))],
         collate=lambda rows: collate_words(train_features, [r["sentence"] for r in rows], train_labels),
         step_fn=bilstm_step, evaluate=evaluate, main_metric="f1", write_predictions=write_predictions,

@@ -1,12 +1,15 @@
 """The task registry: every task family bertforge knows, declared once.
 
-In the spirit of google-research/bert's `processors` dict (run_classifier.py): each family names its
-canonical name and aliases, the head it fine-tunes (`head`), how its data is read (`reader`), turned
-into model inputs (`features`) and scored (`metrics`), how a fine-tuned model predicts for a file
-(`predictor`, what `bertforge predict` runs), the `FinetuneTask` builder(s) of `bertforge finetune`,
-and the name of its serving pipeline (`pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx
---task`). The CLI, the server, `pipeline()` and ONNX export read this table; `task_for_checkpoint`
-is the one resolver from a checkpoint to its family.
+In the spirit of google-research/bert's `processors` dict that its `main` reads (run_classifier.py):
+each family names its canonical name and aliases, the head it fine-tunes (`head`), how its data is
+read (`reader`), turned into model inputs (`features`) and scored (`metrics`), its `bertforge finetune`
+sub-commands (`FinetuneCommand`: own flags, the `FinetuneTask` built from them, the recipe's defaults,
+what runs after training), what `bertforge predict` runs for its models (`PredictCommand`), and the
+name of its serving pipeline (`pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx --task`).
+The commands, the server, `pipeline()` and ONNX export read this table (`TASKS`, which
+`register_family` extends at run time); `family_for_checkpoint` is the one resolver from a checkpoint
+to its family. The functions an entry names live in the family's module; adding a task is that
+module and one entry (ARCHITECTURE.md, "Where to add things").
 
 Canonical names. One name per concept, and it is the name of what the model *does*, not of a
 data set or of one use of a head: `classify`, `multiple-choice`, `answer`, `tag`, `embed`,
@@ -15,14 +18,16 @@ carry (ONNX metadata stores it, and a file is refused for another task), so choo
 stored artefact valid. The other names in use stay aliases forever: the CLI's commands (`ner`,
 `squad`, `extract-features`), the `finetuning_task` values that fine-tuned checkpoints carry in
 config.json (`ner`, `squad`, `squad_v2`, a GLUE task name, `multiple-choice`), the module names
-(`tagging`, `choice`, `features`) and the Hugging Face task names (`token-classification`,
-`question-answering`, `feature-extraction`, `text-classification`, `multiple-choice`). `tag` rather
+(`tagging`, `choice`, and `features`, the embed module's old name) and the Hugging Face task names
+(`token-classification`, `question-answering`, `feature-extraction`, `text-classification`,
+`multiple-choice`). `tag` rather
 than `ner` because the head labels tokens with any tag set (NER, chunking, POS); `answer` rather
 than `squad` because SQuAD is one data set of extractive question answering.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from dataclasses import dataclass, field
@@ -42,23 +47,71 @@ from ..modeling import (
     BertModel,
 )
 from ..modeling.pretrained import resolve_model_dir
-from . import choice, classification, conll, feature_based, features, glue, squad, tagging
+from ..training.finetune import FinetuneTask
+from . import (choice, classification, classify_features, classify_reader, conll, embed, glue, glue_data, squad,
+               squad_data, tagging)
+
+
+@dataclass(frozen=True)
+class FinetuneCommand:
+    """One `bertforge finetune <name>` sub-command (google-research/bert's `processors` entry, with its flags).
+
+    name / help: the sub-command and its --help line.
+    add_flags(parser): the command's OWN flags (data files, options); the flags every task shares
+        (--model, --output-dir, --lr, --lr-grid, --seeds, --epochs, ...) are the CLI's.
+    task(args): the `FinetuneTask` from the parsed flags. It may fill the shared settings the recipe
+        leaves None from the command's own flags (`args.lr`, `args.batch_size`, and `args.recipe_epochs`,
+        the epochs used when --epochs is not given): SQuAD's depend on --version, NER's on the approach.
+    recipe: the defaults of shared flags: `lr`, `batch_size`, `max_seq_length`, `epochs` (None: task() decides).
+    check(args): judges the flags together before any model is fetched or loads (optional).
+    after(args): runs once training is done, e.g. a test file predicted with the best model in OUT (optional).
+    """
+
+    name: str
+    help: str
+    add_flags: Callable[[argparse.ArgumentParser], None]
+    task: Callable[[argparse.Namespace], FinetuneTask]
+    recipe: dict[str, Any] = field(default_factory=dict)
+    check: Callable[[argparse.Namespace], None] | None = None
+    after: Callable[[argparse.Namespace], None] | None = None
+
+
+@dataclass(frozen=True)
+class PredictCommand:
+    """What `bertforge predict` runs for a family's model.
+
+    run(args): reads --input, writes --output, prints "wrote PATH" (and any score on a labelled input).
+    add_flags(parser): its own flags beyond the ones every family shares (--model --input --output --task
+        --max-seq-length --batch-size --overwrite --dtype); a flag several families define is added once.
+    own_files: run() checks --input/--output itself (otherwise `predict` requires both, and refuses an
+        --output that would overwrite, before run() is called).
+    selected_by: flags (their `dest`) whose presence asks for this family whatever the model says
+        (`--question` asks the answer family).
+    """
+
+    run: Callable[[argparse.Namespace], None]
+    add_flags: Callable[[argparse.ArgumentParser], None] | None = None
+    own_files: bool = False
+    selected_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class TaskFamily:
     """One task family: everything the CLI, the server and `pipeline()` need to know about it.
 
-    name: the canonical name (also its pipeline's and its server route's).
+    name: the canonical name.
     aliases: other names accepted anywhere a task is named (CLI commands, `finetuning_task` values
         written by older runs, Hugging Face task names, module names).
     head: the model class fine-tuned and served; `architectures`: the config.json `architectures`
         entries that mean this family (the head's own name first).
     module: the `bertforge.tasks` module that implements the family.
-    reader / features / metrics / predictor: data file -> examples; examples -> model inputs;
-        (predictions, gold) -> scores; fine-tuned model + file -> predictions file (`bertforge predict`).
-    finetune: CLI command -> the function that builds its `FinetuneTask` (`bertforge finetune <command>`).
+    reader / features / metrics: data file -> examples; examples -> features (model inputs, Google's
+        InputFeatures); (predictions, gold) -> scores.
+    finetune: its `bertforge finetune <name>` sub-commands; predict: what `bertforge predict` runs.
+    pipeline: the name of its serving pipeline (`pipeline(name)`, `POST /v1/<name>`, `export-onnx
+        --task`; default: the family's name); the pipeline classes bind to it in `bertforge.serving.registry`.
     finetuning_tasks: the `finetuning_task` values a fine-tuned checkpoint of this family carries.
+    problem_types: the config.json `problem_type` values that mean this family.
     """
 
     name: str
@@ -69,14 +122,15 @@ class TaskFamily:
     reader: Callable[..., Any] | None = None
     features: Callable[..., Any] | None = None
     metrics: Callable[..., Any] | None = None
-    predictor: Callable[..., Any] | None = None
-    finetune: dict[str, Callable[..., Any]] = field(default_factory=dict)
+    finetune: tuple[FinetuneCommand, ...] = ()
+    predict: PredictCommand | None = None
+    pipeline: str = ""
     finetuning_tasks: tuple[str, ...] = ()
+    problem_types: tuple[str, ...] = ()
 
-    @property
-    def pipeline(self) -> str:
-        """The name of the serving pipeline of this family (`pipeline(name)`, `POST /v1/<name>`)."""
-        return self.name
+    def __post_init__(self) -> None:
+        if not self.pipeline:
+            object.__setattr__(self, "pipeline", self.name)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -88,40 +142,70 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="classify", aliases=("classification", "text-classification", "sequence-classification", "glue"),
         head=BertForSequenceClassification, architectures=("BertForSequenceClassification",),
-        module="bertforge.tasks.classification", reader=classification.read_classify_file,
-        features=classification.convert_examples_to_features, metrics=classification.classify_metrics,
-        predictor=classification.predict_file,
-        finetune={"classify": classification.classify_task, "glue": glue.glue_task},
-        # GLUE task names (and their aliases) are added below: a GLUE model records its task's name.
-        finetuning_tasks=(),
+        module="bertforge.tasks.classification", reader=classify_reader.read_classify_file,
+        features=classify_features.convert_examples_to_features, metrics=classification.classify_metrics,
+        finetune=(
+            FinetuneCommand("glue", "a GLUE task (paper defaults: batch 32, 3 epochs, lr 2e-5)", glue.add_glue_flags,
+                            glue.glue_from_args, dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
+                            after=glue.glue_after),
+            FinetuneCommand("classify", "your own CSV/TSV/JSONL: columns text, [text_pair], label",
+                            classification.add_classify_flags, classification.classify_from_args,
+                            dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
+                            after=classification.classify_after),
+        ),
+        predict=PredictCommand(classification.predict_from_args, classification.add_predict_flags),
+        # GLUE task names (and their aliases) resolve here too: a GLUE model records its task's name.
+        problem_types=("single_label_classification", "regression"),
     ),
     TaskFamily(
         name="multiple-choice", aliases=("multiple_choice", "choice", "swag"),
         head=BertForMultipleChoice, architectures=("BertForMultipleChoice",),
         module="bertforge.tasks.choice", reader=choice.read_swag_file,
-        features=choice.convert_examples_to_features, metrics=accuracy, predictor=choice.predict_choice_file,
-        finetune={"multiple-choice": choice.multiple_choice_task}, finetuning_tasks=(choice.TASK_NAME,),
+        features=choice.convert_examples_to_features, metrics=accuracy,
+        finetune=(
+            FinetuneCommand("multiple-choice", "SWAG-layout CSV (sent1, sent2, ending0..3, label); paper defaults: "
+                            "batch 16, 3 epochs, lr 2e-5", choice.add_multiple_choice_flags,
+                            choice.multiple_choice_from_args,
+                            dict(lr=2e-5, batch_size=16, max_seq_length=128, epochs=3.0),
+                            after=choice.multiple_choice_after),
+        ),
+        predict=PredictCommand(choice.predict_from_args), finetuning_tasks=(choice.TASK_NAME,),
     ),
     TaskFamily(
         name="answer", aliases=("question-answering", "qa", "squad"),
         head=BertForQuestionAnswering, architectures=("BertForQuestionAnswering",),
-        module="bertforge.tasks.squad", reader=squad.read_squad_file,
-        features=squad.convert_examples_to_features, metrics=squad_metrics, predictor=squad.predict_squad_file,
-        finetune={"squad": squad.squad_task}, finetuning_tasks=("squad", "squad_v2"),
+        module="bertforge.tasks.squad", reader=squad_data.read_squad_file,
+        features=squad_data.convert_examples_to_features, metrics=squad_metrics,
+        finetune=(
+            # lr 5e-5 and seq 384 as Google's run_squad.py; batch size and epochs per --version (squad_from_args)
+            FinetuneCommand("squad", "SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
+                            "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)", squad.add_squad_flags,
+                            squad.squad_from_args, dict(lr=5e-5, batch_size=None, max_seq_length=384, epochs=None),
+                            check=squad.check_squad_args, after=squad.squad_after),
+        ),
+        predict=PredictCommand(squad.predict_from_args, squad.add_predict_flags, own_files=True,
+                               selected_by=("question",)),
+        finetuning_tasks=("squad", "squad_v2"),
     ),
     TaskFamily(
         name="tag", aliases=("ner", "token-classification", "tagging"),
         head=BertForTokenClassification, architectures=("BertForTokenClassification", "BiLSTMTagger"),
         module="bertforge.tasks.tagging", reader=conll.read_conll, features=conll.build_windows,
-        metrics=conll.ner_metrics, predictor=tagging.predict_conll,
-        finetune={"ner": tagging.ner_task, "ner --feature-based": feature_based.feature_ner_task},
-        finetuning_tasks=("ner",),
+        metrics=conll.ner_metrics,
+        finetune=(
+            # lr and epochs per approach (ner_from_args): fine-tuning 5e-5 and 3, the BiLSTM 1e-3 and 4.
+            FinetuneCommand("ner", "CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, 3 epochs, "
+                            "lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)", tagging.add_ner_flags,
+                            tagging.ner_from_args, dict(lr=None, batch_size=16, max_seq_length=128, epochs=None),
+                            after=tagging.ner_after),
+        ),
+        predict=PredictCommand(tagging.predict_from_args, tagging.add_predict_flags),
+        finetuning_tasks=(conll.TASK_NAME,),
     ),
     TaskFamily(
         name="embed", aliases=("feature-extraction", "embedding", "extract-features", "features"),
         head=BertModel, architectures=("BertModel",),
-        module="bertforge.tasks.features", reader=features.read_examples, features=features.layer_features,
-        predictor=features.extract_features,
+        module="bertforge.tasks.embed", reader=embed.read_examples, features=embed.convert_examples_to_features,
     ),
     TaskFamily(
         name="fill-mask", aliases=("fill_mask", "mlm"),
@@ -129,20 +213,70 @@ FAMILIES: tuple[TaskFamily, ...] = (
         module="bertforge.modeling.heads",
     ),
 )
+"""The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""
 
-TASKS: dict[str, TaskFamily] = {family.name: family for family in FAMILIES}
-
+# Every family, built-in and registered, by canonical name, in registration order.
+TASKS: dict[str, TaskFamily] = {}
 # Every accepted name -> canonical name. GLUE task names (and the metric aliases such as "mnli-m")
 # are classify: a GLUE model's config.json records its GLUE task as `finetuning_task`.
 ALIASES: dict[str, str] = {}
-for _family in FAMILIES:
-    for _name in _family.names:
-        ALIASES[_name] = _family.name
-for _name in glue.GLUE_TASKS:
-    ALIASES.setdefault(_name, "classify")
-del _family, _name
+_ARCHITECTURES: dict[str, str] = {}  # config.json `architectures` entry -> the first family declaring it
+_PROBLEM_TYPES: dict[str, str] = {}  # config.json `problem_type` -> family
 
-_ARCHITECTURES: dict[str, str] = {a: family.name for family in FAMILIES for a in family.architectures}
+
+def _index() -> None:
+    """Rebuild the name tables from `TASKS` (in place: other modules hold these dicts)."""
+    for table in (ALIASES, _ARCHITECTURES, _PROBLEM_TYPES):
+        table.clear()
+    for family in TASKS.values():
+        for name in family.names:
+            ALIASES[name] = family.name
+        for architecture in family.architectures:
+            _ARCHITECTURES.setdefault(architecture, family.name)
+        for problem_type in family.problem_types:
+            _PROBLEM_TYPES.setdefault(problem_type, family.name)
+    for name in glue_data.GLUE_TASKS:
+        ALIASES.setdefault(name, "classify")
+
+
+def register_family(family: TaskFamily) -> TaskFamily:
+    """Add a task family: its names resolve to it, its `finetune` commands become `bertforge finetune`
+    sub-commands and its `predict` runs for its checkpoints, wherever a parser is built after this call
+    (`bertforge.cli.build_parser` reads the registry each time). ValueError when the family, one of its
+    names or one of its finetune commands is taken already: a name means one family."""
+    if family.name in TASKS:
+        raise ValueError(f"task family {family.name!r} is registered already")
+    for name in family.names:
+        if name in ALIASES:
+            raise ValueError(f"task name {name!r} of {family.name!r} already names {ALIASES[name]!r}")
+    taken = {command.name for command in finetune_commands()}
+    for command in family.finetune:
+        if command.name in taken:
+            raise ValueError(f"`bertforge finetune {command.name}` is taken already")
+    TASKS[family.name] = family
+    _index()
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Remove a family added by `register_family` (a built-in one stays: ValueError)."""
+    family = TASKS.get(name)
+    if family is None:
+        raise ValueError(f"no task family {name!r}")
+    if family in FAMILIES:
+        raise ValueError(f"{name!r} is a built-in task family")
+    del TASKS[name]
+    _index()
+
+
+def finetune_commands() -> list[FinetuneCommand]:
+    """Every `bertforge finetune` sub-command, family by family in registration order."""
+    return [command for family in TASKS.values() for command in family.finetune]
+
+
+for _family in FAMILIES:
+    register_family(_family)
+del _family
 
 
 def resolve(name: str) -> TaskFamily:
@@ -158,7 +292,7 @@ def resolve(name: str) -> TaskFamily:
 
 def _glue_name(name: Any) -> str | None:
     try:
-        glue.get_task(str(name))
+        glue_data.get_task(str(name))
     except (KeyError, ValueError):
         return None
     return "classify"
@@ -176,26 +310,37 @@ def checkpoint_config(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def family_for_checkpoint(directory: str | os.PathLike, default: str | None = "embed") -> TaskFamily | None:
-    """The family a checkpoint was trained for: its head (config.json `architectures`, the weights
-    it holds decide what it can run), else the `finetuning_task` that `bertforge finetune` wrote,
-    else `default` (a bare encoder embeds; None: return None)."""
+    """The family a checkpoint was trained for: the `finetuning_task` in its config.json (what `bertforge
+    finetune` wrote; it tells apart families that share a head, such as classify and a multi-label
+    family on `BertForSequenceClassification`), else its `problem_type` (as transformers writes it),
+    else its head (config.json `architectures`), else `default` (a bare encoder embeds; None: return None).
+    A value the registry does not know is passed over for the next one."""
     config = checkpoint_config(directory)
-    for architecture in config.get("architectures") or []:
-        if architecture in _ARCHITECTURES:
-            return TASKS[_ARCHITECTURES[architecture]]
     task = config.get("finetuning_task")
     if task:
         try:
             return resolve(task)
         except ValueError:
             pass
+    problem_type = config.get("problem_type")
+    if problem_type in _PROBLEM_TYPES:
+        return TASKS[_PROBLEM_TYPES[problem_type]]
+    for architecture in config.get("architectures") or []:
+        if architecture in _ARCHITECTURES:
+            return TASKS[_ARCHITECTURES[architecture]]
     return None if default is None else TASKS[default]
 
 
 def task_for_checkpoint(directory: str | os.PathLike) -> str:
-    """The canonical task (= pipeline) name of a checkpoint: see `family_for_checkpoint` (default: embed)."""
+    """The canonical family name of a checkpoint: see `family_for_checkpoint` (default: embed)."""
     return family_for_checkpoint(directory).name
 
 
-__all__ = ["ALIASES", "FAMILIES", "TASKS", "TaskFamily", "checkpoint_config", "family_for_checkpoint", "resolve",
-           "task_for_checkpoint"]
+def pipeline_for_checkpoint(directory: str | os.PathLike) -> str:
+    """The name of the pipeline that serves a checkpoint: its family's `pipeline` (default: embed's)."""
+    return family_for_checkpoint(directory).pipeline
+
+
+__all__ = ["ALIASES", "FAMILIES", "TASKS", "FinetuneCommand", "PredictCommand", "TaskFamily", "checkpoint_config",
+           "family_for_checkpoint", "finetune_commands", "pipeline_for_checkpoint", "register_family", "resolve",
+           "task_for_checkpoint", "unregister_family"]

@@ -24,13 +24,18 @@ The pieces, in the order data flows through them:
   (the official scripts' results, in percent) beside the model.
 * `answer_questions(...)` / `predict_squad_file(...)`: a fine-tuned model's answers.
 
-The data pieces live one concern per module and stay importable from here: `bertforge.tasks.squad_data`
+* the answer family's commands (`bertforge finetune squad`, `bertforge predict` for a SQuAD model),
+  read by the task registry.
+
+The data pieces live one concern per module (import them from there): `bertforge.tasks.squad_data`
 (settings, reader, features, batches) and `bertforge.tasks.squad_postprocess` (logits to answers,
 the null threshold, the output files).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import os
 from pathlib import Path
@@ -39,24 +44,24 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from .._checks import check_output
 from .._files import write_text_atomic
 from ..metrics.squad import evaluate_v1, evaluate_v2, squad_metrics
 from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
 from ..modeling.modes import evaluating
 from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import BertTokenizer
+from ..tokenization._read import read_json_object
 from ..training.finetune import FinetuneTask
-from .squad_data import (MAX_UNALIGNED_FRACTION, VERSIONS, SquadExample, SquadFeatures, SquadFile, SquadSettings,
-                         check_alignment, collate, convert_examples_to_features, read_squad_file)
-from .squad_postprocess import (SquadPredictions, finite, json_text, postprocess, tune_null_threshold,
-                                write_squad_predictions)
+from .squad_data import (VERSIONS, SquadExample, SquadSettings, check_alignment, collate, convert_examples_to_features,
+                         read_squad_file)
+from .squad_postprocess import SquadPredictions, json_text, postprocess, tune_null_threshold, write_squad_predictions
 
 logger = logging.getLogger("bertforge")
 
-__all__ = ["MAX_UNALIGNED_FRACTION", "VERSIONS", "SquadExample", "SquadFeatures", "SquadFile", "SquadPredictions", "SquadSettings", "answer_questions",
-           "check_alignment", "collate", "convert_examples_to_features", "finite", "json_text", "postprocess",
-           "predict_logits", "predict_squad_file", "read_squad_file", "squad_step", "squad_task",
-           "tune_null_threshold", "write_squad_predictions"]
+__all__ = ["SQUAD_DEFAULTS", "SQUAD_FLAGS", "add_predict_flags", "add_squad_flags", "answer_questions",
+           "check_squad_args", "check_squad_settings", "predict_from_args", "predict_logits", "predict_squad_file",
+           "squad_after", "squad_flags", "squad_from_args", "squad_step", "squad_task"]
 
 
 def squad_step(model, batch: dict[str, torch.Tensor]):
@@ -230,3 +235,106 @@ def predict_squad_file(model_dir: str | os.PathLike, input_file: str | os.PathLi
     if v2 or any(e.is_impossible for e in data.examples):  # v1.1's script cannot score unanswerable questions
         return evaluate_v2(data.dataset, predictions.predictions, predictions.null_odds or None)
     return evaluate_v1(data.dataset, predictions.predictions)
+
+
+# ---------------------------------------------------------------------------- the commands (the registry's entry)
+
+# Per version: Google's run_squad.py / the paper's v1.1 recipe (3 epochs, batch 32, lr 5e-5) and the paper's
+# v2.0 recipe (§4.3: 2 epochs, batch 48, lr 5e-5).
+SQUAD_DEFAULTS = {"1.1": {"epochs": 3.0, "batch_size": 32}, "2.0": {"epochs": 2.0, "batch_size": 48}}
+
+# The SquadSettings fields that `finetune squad` and `predict` take as flags of the same names.
+SQUAD_FLAGS = ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length",
+               "null_score_diff_threshold")
+
+
+def squad_flags(args: argparse.Namespace) -> dict:
+    """The SquadSettings fields given on the command line."""
+    return {name: getattr(args, name) for name in SQUAD_FLAGS if getattr(args, name, None) is not None}
+
+
+def add_squad_flags(p: argparse.ArgumentParser) -> None:
+    """`bertforge finetune squad`'s own flags: the files, the version, Google's window and answer settings."""
+    p.add_argument("--train-file", required=True, help="official-format JSON (data/paragraphs/qas/answers)")
+    p.add_argument("--dev-file", required=True, help="official-format JSON with answers")
+    p.add_argument("--version", choices=tuple(SQUAD_DEFAULTS), default="1.1",
+                   help="2.0: unanswerable questions (is_impossible), no-answer at [CLS]")
+    p.add_argument("--doc-stride", type=int, default=128, help="tokens between the starts of passage windows")
+    p.add_argument("--max-query-length", type=int, default=64, help="question tokens kept")
+    p.add_argument("--n-best-size", type=int, default=20, help="candidates per window and n-best list length")
+    p.add_argument("--max-answer-length", type=int, default=30, help="longest answer span, in tokens")
+    p.add_argument("--null-score-diff-threshold", type=float, default=0.0,
+                   help="v2.0: answer nothing when null score - best span score exceeds this (the paper's tau)")
+    p.add_argument("--tune-threshold", action="store_true",
+                   help="v2.0: choose the threshold that maximises dev F1 at each evaluation (saved with the model)")
+    p.add_argument("--max-train-examples", type=int, help="train on the first N questions only")
+
+
+def check_squad_args(args: argparse.Namespace) -> None:
+    """The window settings must work together (before a model is fetched or loads)."""
+    SquadSettings(**{k: v for k, v in squad_flags(args).items() if k != "null_score_diff_threshold"}).check(flags=True)
+
+
+def squad_from_args(args: argparse.Namespace) -> FinetuneTask:
+    """`squad_task` from `bertforge finetune squad`'s flags; the version's recipe fills the batch size and
+    epochs not given."""
+    recipe = SQUAD_DEFAULTS[args.version]
+    if args.batch_size is None:
+        args.batch_size = recipe["batch_size"]
+    args.recipe_epochs = recipe["epochs"]
+    if args.tune_threshold and args.version != "2.0":
+        raise ValueError("--tune-threshold chooses the no-answer threshold of SQuAD 2.0: add --version 2.0")
+    return squad_task(args.model, args.train_file, args.dev_file, version=args.version,
+                      settings=SquadSettings(**squad_flags(args)), tune_threshold=args.tune_threshold,
+                      eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples)
+
+
+def squad_after(args: argparse.Namespace) -> None:
+    """Where the evaluation's files are."""
+    print(f"predictions.json, nbest_predictions.json{', null_odds.json' if args.version == '2.0' else ''} and the "
+          f"official script's results (percent) in {args.output_dir}/squad_eval.json")
+
+
+def add_predict_flags(p: argparse.ArgumentParser) -> None:
+    """`bertforge predict`'s flags for a SQuAD model: one question, and the settings stored with the model."""
+    p.add_argument("--question", help="SQuAD model: answer this question (with --context), printed as JSON")
+    p.add_argument("--context", help="SQuAD model: the passage holding the answer")
+    p.add_argument("--doc-stride", type=int, help="SQuAD: default the model's (128)")
+    p.add_argument("--max-answer-length", type=int, help="SQuAD: default the model's (30)")
+    p.add_argument("--null-score-diff-threshold", type=float,
+                   help="SQuAD 2.0: default the model's (0, or the value --tune-threshold chose)")
+
+
+def check_squad_settings(model: str | os.PathLike, overrides: dict) -> None:
+    """The model's stored SQuAD settings with the flags given must work (before the model loads)."""
+    try:  # an unreadable config.json is reported when the model loads
+        stored = read_json_object(Path(model) / "config.json", "model config").get("squad") or {}
+    except (OSError, ValueError):
+        stored = {}
+    known = set(vars(SquadSettings()))
+    SquadSettings(**{**{k: v for k, v in stored.items() if k in known}, **overrides}).check(flags=True)
+
+
+def predict_from_args(args: argparse.Namespace) -> None:
+    """`bertforge predict` for a `finetune squad` model: one --question/--context, or a SQuAD JSON --input."""
+    settings = squad_flags(args)
+    check_squad_settings(args.model, settings)
+    if args.question is not None or args.context is not None:
+        if args.question is None or args.context is None:
+            raise ValueError("--question and --context go together")
+        for name, value in (("--question", args.question), ("--context", args.context)):
+            if not value.strip():
+                raise ValueError(f"{name} is empty")
+        answer = answer_questions(args.model, [args.question], [args.context], batch_size=args.batch_size,
+                                  dtype=args.dtype, **settings)[0]
+        print(json_text(answer, indent=None))
+        return
+    if not args.input or not args.output:
+        raise ValueError("a SQuAD model answers --question Q --context C, or a SQuAD JSON --input with --output")
+    stem = Path(args.output).with_suffix("")
+    check_output(args.output, [args.input], args.overwrite, [f"{stem}.nbest.json", f"{stem}.null_odds.json"])
+    official = predict_squad_file(args.model, args.input, args.output, batch_size=args.batch_size, dtype=args.dtype,
+                                  **settings)
+    print(f"wrote {args.output}")
+    if official is not None:
+        print(json.dumps(official, indent=2))

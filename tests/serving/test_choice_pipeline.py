@@ -105,7 +105,8 @@ def test_served_over_http(choose):
     pytest.importorskip("httpx", reason="httpx is needed for the server tests")
     from starlette.testclient import TestClient
 
-    from bertforge.serving.server import ServerSettings, create_app
+    from bertforge.serving.server import create_app
+    from bertforge.serving.server_settings import ServerSettings
 
     settings = ServerSettings(max_texts=4, max_chars=200, model="tiny")
     with TestClient(create_app({"multiple-choice": choose}, settings)) as client:

@@ -17,7 +17,8 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip ins
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
 from bertforge.serving import pipeline  # noqa: E402
-from bertforge.serving.server import ServerSettings, create_app  # noqa: E402
+from bertforge.serving.server import create_app  # noqa: E402
+from bertforge.serving.server_settings import ServerSettings  # noqa: E402
 
 from .live import LiveServer  # noqa: E402
 

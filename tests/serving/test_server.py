@@ -20,7 +20,8 @@ httpx = pytest.importorskip("httpx", reason="httpx is needed for the server test
 from starlette.testclient import TestClient  # noqa: E402
 
 from bertforge.serving import pipeline  # noqa: E402
-from bertforge.serving.server import ServerSettings, create_app  # noqa: E402
+from bertforge.serving.server import create_app  # noqa: E402
+from bertforge.serving.server_settings import ServerSettings  # noqa: E402
 
 from .live import LiveServer  # noqa: E402
 

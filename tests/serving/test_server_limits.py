@@ -23,7 +23,8 @@ from starlette.testclient import TestClient  # noqa: E402
 
 from bertforge.serving import PipelineInputError, pipeline  # noqa: E402
 from bertforge.serving.limits import RequestLimits  # noqa: E402
-from bertforge.serving.server import ServerSettings, create_app  # noqa: E402
+from bertforge.serving.server import create_app  # noqa: E402
+from bertforge.serving.server_settings import ServerSettings  # noqa: E402
 
 from .live import LiveServer  # noqa: E402
 

@@ -1,19 +1,23 @@
-"""The task registry: one canonical name per task family, every name in use today as an alias, and
-the one resolver from a checkpoint to its task (head first, then `finetuning_task`)."""
+"""The task registry: one canonical name per task family, every name in use today as an alias, the
+commands and pipelines it drives, and the one resolver from a checkpoint to its family
+(`finetuning_task` first, then `problem_type`, then the head)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 
 import pytest
 from torch import nn
 
+from bertforge.cli import build_parser
 from bertforge.serving import PIPELINES, pipeline
 from bertforge.serving.pipelines import resolve_task
 from bertforge.serving.pipelines import task_for_checkpoint as serving_task_for_checkpoint
 from bertforge.tasks import registry
-from bertforge.tasks.registry import FAMILIES, TASKS, family_for_checkpoint, resolve, task_for_checkpoint
+from bertforge.tasks.registry import (FAMILIES, TASKS, family_for_checkpoint, finetune_commands,
+                                      pipeline_for_checkpoint, resolve, task_for_checkpoint)
 
 # Names users and files carry today (CLI commands, pipeline names, finetuning_task values, Hugging
 # Face task names) -> the canonical family.
@@ -49,9 +53,35 @@ def test_each_family_is_declared_once_and_complete():
             assert seen.setdefault(name, family.name) == family.name, f"{name} names two families"
         assert issubclass(family.head, nn.Module) and family.architectures[0] == family.head.__name__
         assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
-    for name in ("classify", "multiple-choice", "answer", "tag"):  # the fine-tuned families
-        family = TASKS[name]
-        assert family.reader and family.features and family.metrics and family.predictor and family.finetune
+
+
+def sub_commands(parser: argparse.ArgumentParser, *path: str) -> list[str]:
+    """The sub-command names under `bertforge PATH...`, in --help's order."""
+    for name in (*path, None):
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        if name is None:
+            return list(action.choices)
+        parser = action.choices[name]
+    raise AssertionError("unreachable")
+
+
+def test_the_cli_is_built_from_the_registry():
+    """`finetune`'s sub-commands are the families' commands, in the registry's order, each with its recipe's
+    defaults; `predict` runs each fine-tuned family's own predictor."""
+    parser = build_parser()
+    assert sub_commands(parser, "finetune") == [c.name for c in finetune_commands()] == [
+        "glue", "classify", "multiple-choice", "squad", "ner"]
+    own = {"glue": ["--task", "mrpc", "--data-dir", "g"]}
+    for command in finetune_commands():
+        args = parser.parse_args(["finetune", command.name, "--model", "m", "--output-dir", "o",
+                                  *own.get(command.name, ["--train-file", "t", "--dev-file", "d"])])
+        assert args.finetune_command is command
+        assert (args.lr, args.batch_size, args.max_seq_length, args.recipe_epochs) == tuple(
+            command.recipe[k] for k in ("lr", "batch_size", "max_seq_length", "epochs"))
+    predictors = {name: TASKS[name].predict.run for name in ("classify", "multiple-choice", "answer", "tag")}
+    assert len(set(predictors.values())) == 4  # one each, from the family's own module
+    for name, run in predictors.items():
+        assert run.__module__ == TASKS[name].module
 
 
 def test_checkpoint_to_task_for_each_head(tiny_dirs):
@@ -60,6 +90,7 @@ def test_checkpoint_to_task_for_each_head(tiny_dirs):
     for key, task in expected.items():
         assert task_for_checkpoint(tiny_dirs[key]) == task, key
         assert family_for_checkpoint(tiny_dirs[key]) is TASKS[task]
+        assert pipeline_for_checkpoint(tiny_dirs[key]) == TASKS[task].pipeline
     # One resolver: serving's name is the registry's function.
     assert serving_task_for_checkpoint is registry.task_for_checkpoint
 
@@ -76,7 +107,7 @@ def _rewrite_config(source, target, **changes):
     return target
 
 
-def test_finetuning_task_decides_when_the_architecture_does_not(tiny_dirs, tmp_path):
+def test_finetuning_task_first_then_problem_type_then_head(tiny_dirs, tmp_path):
     no_head = _rewrite_config(tiny_dirs["tag"], tmp_path / "ner", architectures=None, finetuning_task="ner")
     assert task_for_checkpoint(no_head) == "tag"
     glue = _rewrite_config(tiny_dirs["classify"], tmp_path / "sst2", architectures=["Unknown"], finetuning_task="sst2")
@@ -84,10 +115,18 @@ def test_finetuning_task_decides_when_the_architecture_does_not(tiny_dirs, tmp_p
     bare = _rewrite_config(tiny_dirs["embed"], tmp_path / "bare", architectures=None)
     assert task_for_checkpoint(bare) == "embed"
     assert family_for_checkpoint(bare, default=None) is None
-    # The head wins over a finetuning_task that disagrees with it: the weights decide what can run.
+    # finetuning_task beats the head: it tells apart families that share one (classify and multi-label
+    # on BertForSequenceClassification); an unknown one is passed over.
     mixed = _rewrite_config(tiny_dirs["answer"], tmp_path / "mixed", finetuning_task="ner")
-    assert task_for_checkpoint(mixed) == "answer"
-    assert type(pipeline(model=mixed)).__name__ == "AnswerPipeline"
+    assert task_for_checkpoint(mixed) == "tag"
+    unknown = _rewrite_config(tiny_dirs["answer"], tmp_path / "unknown", finetuning_task="my-own-task")
+    assert task_for_checkpoint(unknown) == "answer"
+    assert type(pipeline(model=unknown)).__name__ == "AnswerPipeline"
+    # problem_type (as transformers writes it) before the head, after finetuning_task.
+    typed = _rewrite_config(tiny_dirs["tag"], tmp_path / "typed", problem_type="regression", finetuning_task=None)
+    assert task_for_checkpoint(typed) == "classify"
+    both = _rewrite_config(tiny_dirs["tag"], tmp_path / "both", problem_type="regression", finetuning_task="ner")
+    assert task_for_checkpoint(both) == "tag"
 
 
 def test_a_checkpoint_without_config_is_an_error(tmp_path):

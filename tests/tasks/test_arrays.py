@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.tasks import choice, classification, conll, squad
+from bertforge.tasks import choice, classify_features, conll, squad_data
 from bertforge.tasks.arrays import attention_mask, pad_inputs, pad_rows, padded_inputs, softmax
 
 ROWS = [[2, 7, 8, 3], [2, 9, 3], [2, 3]]
@@ -35,10 +35,10 @@ def test_pad_inputs_and_the_collates_built_on_it():
     for name, value in batch.items():
         assert tensors[name].dtype == torch.long and tensors[name].tolist() == value.tolist()
     # Every task's collate pads the same way and adds its own labels.
-    classified = classification.collate(features, 1)
+    classified = classify_features.collate(features, 1)
     assert classified["input_ids"].tolist() == batch["input_ids"].tolist()
     assert classified["labels"].tolist() == [0, 1, 0]
-    spans = squad.collate([dict(f, start_position=1, end_position=2) for f in features], 1)
+    spans = squad_data.collate([dict(f, start_position=1, end_position=2) for f in features], 1)
     assert spans["attention_mask"].tolist() == batch["attention_mask"].tolist()
     assert spans["start_positions"].tolist() == [1, 1, 1]
     windows = conll.collate_windows([{"input_ids": r, "labels": [0] * len(r)} for r in ROWS], 1)

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from bertforge.metrics import main_metric
-from bertforge.tasks.classification import (InputExample, collate, convert_examples_to_features, id2label,
-                                            length_grouped_order, read_classify_file, sort_labels)
-from bertforge.tasks.glue import (GLUE_TASKS, get_task, glue_task_dir, read_glue_examples, write_dev_predictions,
-                                  write_predictions)
+from bertforge.tasks.classify_features import collate, convert_examples_to_features
+from bertforge.tasks.classify_reader import InputExample, id2label, read_classify_file, sort_labels
+from bertforge.tasks.glue_data import (GLUE_TASKS, get_task, glue_task_dir, read_glue_examples, write_dev_predictions,
+                                       write_predictions)
+from bertforge.training.order import length_grouped_order
 from bertforge.tokenization import BertTokenizer
 
 REPO = Path(__file__).resolve().parents[2]

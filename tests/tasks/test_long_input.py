@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from bertforge.cli import main
-from bertforge.tasks.classification import (InputExample, classify_task, convert_examples_to_features,
-                                            convert_examples_to_window_features, predict_examples, predict_file)
+from bertforge.tasks.classification import classify_task, predict_examples, predict_file
+from bertforge.tasks.classify_features import convert_examples_to_features, convert_examples_to_window_features
+from bertforge.tasks.classify_reader import InputExample
 from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneArguments, finetune
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from bertforge.tasks.choice import read_swag_file
-from bertforge.tasks.classification import read_classify_file
-from bertforge.tasks.glue import read_glue_examples
-from bertforge.tasks.squad import read_squad_file
-from bertforge.tasks.tagging import read_conll
+from bertforge.tasks.classify_reader import read_classify_file
+from bertforge.tasks.glue_data import read_glue_examples
+from bertforge.tasks.squad_data import read_squad_file
+from bertforge.tasks.conll import read_conll
 
 SWAG = Path(__file__).resolve().parents[1] / "fixtures" / "swag" / "val.csv"
 CASES_PER_FORMAT = 60

@@ -13,9 +13,9 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.metrics.squad import evaluate_v1, evaluate_v2
-from bertforge.tasks.squad import (SquadExample, SquadSettings, answer_questions,
-                                   convert_examples_to_features, postprocess, predict_squad_file, read_squad_file,
-                                   squad_task)
+from bertforge.tasks.squad import answer_questions, predict_squad_file, squad_task
+from bertforge.tasks.squad_data import SquadExample, SquadSettings, convert_examples_to_features, read_squad_file
+from bertforge.tasks.squad_postprocess import postprocess
 from bertforge.tasks.windows import aggregate_window_logits, max_context_flags, max_context_window, windows
 from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneArguments, finetune
@@ -535,7 +535,7 @@ def test_answerable_script_writes_the_v11_dev_set(shared_data, tmp_path, capsys)
 
 
 def test_tuned_threshold_keeps_the_official_decisions_with_a_margin():
-    from bertforge.tasks.squad import SquadPredictions, tune_null_threshold
+    from bertforge.tasks.squad_postprocess import SquadPredictions, tune_null_threshold
 
     def qa(qid, answer):
         return {"id": qid, "question": "q", "answers": [{"text": answer, "answer_start": 0}] if answer else []}

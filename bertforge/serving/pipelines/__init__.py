@@ -26,7 +26,7 @@ import torch
 from ...tasks.windows import max_context_window
 from ..entities import group_entities
 from ..graphs import ChoiceGraph, FillMaskGraph, HiddenStatesGraph, LogitsGraph, SpanGraph
-from ..registry import PIPELINES, register_pipeline, resolve_task, task_for_checkpoint
+from ..registry import PIPELINES, pipeline_for_checkpoint, register_pipeline, resolve_task, task_for_checkpoint
 from ..runner import Batch, Runner, TorchRunner
 from .answer import AnswerPipeline
 from .base import BASE_INPUTS, MASK_TOKEN, Feature, Pipeline, PipelineInputError, check_texts, windows
@@ -44,12 +44,13 @@ def pipeline(task: str | None = None, model: str | os.PathLike | None = None, *,
 
     task: fill-mask, classify, embed, tag, answer or multiple-choice, or any alias of the task registry
     (`bertforge.tasks.registry`: "ner", "squad", "question-answering" ...); default: the checkpoint's
-    task (`task_for_checkpoint`). backend: "torch" or "onnx". See `Pipeline` for the other arguments.
+    pipeline (`pipeline_for_checkpoint`: its family's). backend: "torch" or "onnx". See `Pipeline` for the
+    other arguments.
     """
     if model is None:
         raise ValueError("pipeline() needs model=<checkpoint directory>")
     if task is None:
-        task = task_for_checkpoint(model)
+        task = pipeline_for_checkpoint(model)
     cls = PIPELINES[resolve_task(task)]
     return cls(model, backend=backend, device=device, max_length=max_length, onnx_model=onnx_model, **kwargs)
 
@@ -57,7 +58,8 @@ def pipeline(task: str | None = None, model: str | os.PathLike | None = None, *,
 __all__ = [
     "PIPELINES", "Pipeline", "PipelineInputError", "FillMaskPipeline", "ClassifyPipeline", "EmbedPipeline",
     "TagPipeline", "AnswerPipeline", "MultipleChoicePipeline", "TorchRunner", "Feature", "pipeline",
-    "predict_multiple_choice", "register_pipeline", "resolve_task", "task_for_checkpoint", "group_entities",
+    "predict_multiple_choice", "register_pipeline", "resolve_task", "pipeline_for_checkpoint", "task_for_checkpoint",
+    "group_entities",
     "windows", "max_context_window", "BASE_INPUTS", "MASK_TOKEN", "Batch", "Runner", "check_texts",
     "ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph",
 ]

@@ -7,7 +7,7 @@ import torch
 
 from bertforge import BertModel
 from bertforge.cli import main
-from bertforge.tasks.features import extract_features, read_examples
+from bertforge.tasks.embed import extract_features, read_examples
 from bertforge.tokenization import BertTokenizer
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on", "mat", "dog", ".", "a", "##s"]

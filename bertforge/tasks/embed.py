@@ -1,4 +1,4 @@
-"""`bertforge extract-features` (the `embed` task family): hidden states of chosen layers as JSON lines.
+"""The `embed` task family (`bertforge extract-features`): hidden states of chosen layers as JSON lines.
 
 The fixed contextual features of the paper's feature-based approach (§5.3), written for any use; the
 feature-based NER tagger trained on such features is `bertforge.tasks.feature_based`.
@@ -48,10 +48,26 @@ def read_examples(path: str | os.PathLike) -> list[tuple[str, str | None]]:
     return examples
 
 
-def layer_features(model: BertModel, tokenizer: BertTokenizer, examples: Sequence[tuple[str, str | None]],
-                   layers: Sequence[int], max_seq_length: int = 128, batch_size: int = 32,
-                   progress: bool = False) -> Iterator[tuple[list[str], np.ndarray]]:
-    """For each example: its tokens and an array (len(layers), tokens, H) of the chosen layers."""
+def convert_examples_to_features(examples: Sequence[tuple[str, str | None]], tokenizer: BertTokenizer,
+                                 max_seq_length: int = 128) -> list[dict]:
+    """The model inputs of each example, unpadded: `{"input_ids", "token_type_ids"}` (`[CLS] A [SEP]`, or
+    `[CLS] A [SEP] B [SEP]` for a pair), truncated to `max_seq_length`, in the examples' order."""
+    rows: list = [None] * len(examples)
+    # Pairs and singles are packed differently: encode each kind, keep the input order.
+    for pair in (False, True):
+        idx = [i for i, (_, b) in enumerate(examples) if (b is not None) == pair]
+        if idx:
+            enc = tokenizer.encode_batch([examples[i][0] for i in idx], [examples[i][1] for i in idx] if pair else None,
+                                         max_length=max_seq_length, padding=False)
+            for i, row in zip(idx, enc):
+                rows[i] = row
+    return rows
+
+
+def layer_states(model: BertModel, tokenizer: BertTokenizer, examples: Sequence[tuple[str, str | None]],
+                 layers: Sequence[int], max_seq_length: int = 128, batch_size: int = 32,
+                 progress: bool = False) -> Iterator[tuple[list[str], np.ndarray]]:
+    """For each example: its tokens and an array (len(layers), tokens, H) of the chosen layers' hidden states."""
     num_layers = model.config.num_hidden_layers
     for index in layers:
         if not -num_layers <= index < num_layers:
@@ -61,17 +77,7 @@ def layer_features(model: BertModel, tokenizer: BertTokenizer, examples: Sequenc
     bar = tqdm(total=len(examples), desc="features", unit="ex", disable=not progress)
     for start in range(0, len(examples), batch_size):
         chunk = examples[start:start + batch_size]
-        texts_b = [b for _, b in chunk]
-        has_pair = [b is not None for b in texts_b]
-        # Pairs and singles are packed differently: encode each kind, keep the input order.
-        rows: list = [None] * len(chunk)
-        for pair in (False, True):
-            idx = [i for i, p in enumerate(has_pair) if p == pair]
-            if idx:
-                enc = tokenizer.encode_batch([chunk[i][0] for i in idx], [texts_b[i] for i in idx] if pair else None,
-                                             max_length=max_seq_length, padding=False)
-                for i, row in zip(idx, enc):
-                    rows[i] = row
+        rows = convert_examples_to_features(chunk, tokenizer, max_seq_length)
         batch = {name: torch.from_numpy(value) for name, value in
                  pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows],
                             tokenizer.pad_token_id).items()}
@@ -98,8 +104,8 @@ def extract_features(model_dir: str | os.PathLike, input_file: str | os.PathLike
     output_file.parent.mkdir(parents=True, exist_ok=True)
     # Written under a temporary name and renamed when complete: never a half-written file under the final name.
     with atomic_open(output_file, "w", encoding="utf-8", prefix=f".{output_file.name}.") as out:
-        features = layer_features(model, tokenizer, examples, layers, max_seq_length, batch_size, progress)
-        for line_index, (tokens, values) in enumerate(features):
+        states = layer_states(model, tokenizer, examples, layers, max_seq_length, batch_size, progress)
+        for line_index, (tokens, values) in enumerate(states):
             values = np.round(values, 6)
             record = {"linex_index": line_index, "features": [
                 {"token": token, "layers": [{"index": layer, "values": values[j, t].tolist()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .._checks import check_output, model_positions
-from ..tasks.features import extract_features
+from ..tasks.embed import extract_features
 
 
 def _layers(text: str) -> list[int]:
