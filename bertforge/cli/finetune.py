@@ -1,5 +1,5 @@
-"""`bertforge finetune TASK`: fine-tune on GLUE, your own classification data, SWAG-style multiple choice,
-SQuAD or CoNLL NER. The shared flags are FinetuneArguments fields (bertforge.training.settings); each
+"""`bertforge finetune TASK`: fine-tune on GLUE, your own classification data (single- or multi-label),
+SWAG-style multiple choice, SQuAD or CoNLL NER. The shared flags are FinetuneArguments fields (bertforge.training.settings); each
 task's recipe changes only their defaults (learning rate, epochs, batch size)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..tasks import multi_label
 from ..tasks.choice import multiple_choice_task, predict_choice_file
 from ..tasks.classification import classify_task, predict_file
 from ..tasks.feature_based import feature_ner_task
@@ -89,6 +90,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     _add_long_input_flags(p)
     _add_finetune_flags(p)
     p.set_defaults(func=run_classify)
+    p = tasks.add_parser("multi-label", help="any number of labels per text: GoEmotions TSV with --labels, or "
+                         "CSV/JSONL with a labels list; defaults: batch 32, 3 epochs, lr 5e-5")
+    multi_label.add_multi_label_flags(p)
+    _add_finetune_flags(p, lr=multi_label.RECIPE["lr"], batch_size=multi_label.RECIPE["batch_size"],
+                        max_seq_length=multi_label.RECIPE["max_seq_length"])
+    p.set_defaults(func=run_multi_label)
     p = tasks.add_parser("multiple-choice", help="SWAG-layout CSV (sent1, sent2, ending0..3, label); "
                          "paper defaults: batch 16, 3 epochs, lr 2e-5")
     p.add_argument("--train-file", required=True, help="SWAG CSV: [index], video-id, fold-ind, startphrase, sent1, "
@@ -183,6 +190,17 @@ def run_classify(args: argparse.Namespace) -> None:
                             task="classify", max_seq_length=args.max_seq_length, long_input=args.long_input,
                             window_stride=args.doc_stride)
         print(f"test predictions: {path}")
+
+
+def run_multi_label(args: argparse.Namespace) -> None:
+    task = multi_label.multi_label_from_args(args)
+    results = engine.finetune_grid(task, _arguments(args, multi_label.RECIPE["epochs"]), *_grid(args))
+    report_finetune(results, args.output_dir)
+    if args.test_file:
+        path, metrics = multi_label.predict_multi_label_file(
+            args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
+            max_seq_length=args.max_seq_length, batch_size=args.eval_batch_size)
+        print(f"test predictions: {path}" + (f"; macro-F1 {metrics['f1_macro']:.4f}" if metrics else ""))
 
 
 def run_multiple_choice(args: argparse.Namespace) -> None:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .._checks import check_output, model_positions
+from ..tasks import multi_label
 from ..tasks.choice import predict_choice_file
 from ..tasks.classification import predict_file
 from ..tasks.squad import SquadSettings, answer_questions, json_text, predict_squad_file
@@ -24,8 +25,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--input", help="GLUE test.tsv (or dev-shaped), or CSV/TSV/JSONL with text; SQuAD JSON; SWAG CSV")
     p.add_argument("--output", help="TSV: index, prediction (GLUE submission format); SQuAD: predictions JSON")
     p.add_argument("--task", help="the task, by name or alias: classify or a GLUE task (mrpc, ...: its labels and "
-                   "submission format), answer or squad, tag or ner, multiple-choice (default: the model's, "
-                   "finetuning_task in config.json)")
+                   "submission format), multi-label, answer or squad, tag or ner, multiple-choice (default: the "
+                   "model's, finetuning_task in config.json)")
     p.add_argument("--max-seq-length", type=int, help="default 128; SQuAD: the model's (384)")
     p.add_argument("--question", help="SQuAD model: answer this question (with --context), printed as JSON")
     p.add_argument("--context", help="SQuAD model: the passage holding the answer")
@@ -45,10 +46,15 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="run the model unpadded in this precision (optimize_for_inference): fp32 exact, bf16 "
                         "(CPUs with AVX-512 BF16/AMX, GPUs) or int8 (CPU) faster at a small cost in accuracy "
                         "(default: as saved, padded batches)")
+    multi_label.add_predict_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
+    if args.task == multi_label.TASK_NAME or (args.task is None and
+                                              multi_label.is_multi_label(model_config(args.model))):
+        multi_label.predict_run(args)
+        return
     family = task_family(args.task, args.model)
     if family == "answer" or args.question is not None:
         run_squad(args)
