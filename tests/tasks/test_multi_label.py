@@ -15,10 +15,11 @@ import torch
 from sklearn.metrics import f1_score, precision_score, recall_score
 
 from bertforge.cli import main
-from bertforge.modeling import BertConfig, BertForSequenceClassification
+from bertforge.modeling import BertForSequenceClassification, plans
 from bertforge.serving import pipeline
 from bertforge.tasks.multi_label import (THRESHOLD_GRID, collate, label_thresholds, multi_hot, multi_label_metrics,
-                                         sigmoid, tune_thresholds)
+                                         multi_label_task, sigmoid, tune_thresholds)
+from bertforge.training.finetune import FinetuneArguments, finetune
 from bertforge.tasks.multi_label_reader import read_label_names, read_multi_label_file
 from bertforge.tokenization import BertTokenizer
 
@@ -332,3 +333,38 @@ def test_finetune_and_predict_on_goemotions_rows(shared_data, uncased_vocab, sav
                  "--output", str(tmp_path / "p.tsv"), "--threshold", "0.01"]) == 0
     lines = (tmp_path / "p.tsv").read_text().splitlines()
     assert len(lines) == 41 and lines[1].split("\t")[1].split(",") == emotions  # every label over 0.01
+
+
+def test_training_takes_the_unpadded_fast_path(tiny_model, tmp_path, monkeypatch):
+    """`finetune multi-label` trains as `finetune classify` does: the encoder on the real tokens only
+    (unpad, the CLI's default), batches grouped by length when asked. Without dropout the losses of every
+    step equal the padded path's to rounding."""
+    model_dir = tmp_path / "no_dropout"
+    model_dir.mkdir()
+    for file in tiny_model.iterdir():
+        (model_dir / file.name).write_bytes(file.read_bytes())
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    write_goemotions(tmp_path / "train.tsv", rows(64, 1))
+    write_goemotions(tmp_path / "dev.tsv", rows(16, 2))
+    packed_calls = []
+    packed_plan = plans.PackedPlan
+    monkeypatch.setattr(plans, "PackedPlan", lambda *a, **k: packed_calls.append(1) or packed_plan(*a, **k))
+    losses = {}
+    for unpad in (False, True):
+        task = multi_label_task(model_dir, tmp_path / "train.tsv", tmp_path / "dev.tsv", max_seq_length=32,
+                                labels_file=_labels(tmp_path))
+        out = tmp_path / f"unpad_{unpad}"
+        finetune(task, FinetuneArguments(output_dir=out, lr=1e-3, epochs=2, batch_size=16, progress=False,
+                                         log_every=1, unpad=unpad, group_by_length=True))
+        assert bool(packed_calls) == unpad
+        losses[unpad] = [json.loads(line)["loss"] for line in (out / "log.jsonl").read_text().splitlines()
+                         if "loss" in json.loads(line)]
+    assert len(losses[True]) == 8 and losses[True] == pytest.approx(losses[False], abs=1e-5)
+
+
+def _labels(tmp_path: Path) -> Path:
+    path = tmp_path / "emotions.txt"
+    path.write_text("\n".join(EMOTIONS))
+    return path
