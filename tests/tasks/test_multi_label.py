@@ -278,6 +278,27 @@ def test_pipeline_returns_every_label_over_the_threshold(tiny_model, tmp_path):
     assert set(pipeline("classify", model=tmp_path / "s")(texts)[0]) == {"label", "score", "scores"}
 
 
+def test_the_server_answers_as_the_pipeline(tiny_model, tmp_path):
+    pytest.importorskip("starlette", reason="the serve extra is not installed")
+    from starlette.testclient import TestClient
+
+    from bertforge.serving.server import ServerSettings, create_app
+
+    model = BertForSequenceClassification.from_pretrained(tiny_model, num_labels=4, id2label=dict(enumerate(EMOTIONS)),
+                                                          problem_type="multi_label_classification")
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([4.0, -4.0, 2.0, -2.0]))
+    model.save_pretrained(tmp_path / "m")
+    BertTokenizer.from_pretrained(tiny_model).save_pretrained(tmp_path / "m")
+    pipe = pipeline("classify", model=tmp_path / "m")
+    with TestClient(create_app({"classify": pipe}, ServerSettings(model="m"))) as client:
+        answer = client.post("/v1/classify", json={"texts": ["happy day .", "so mad"]}).json()
+        assert client.get("/health").json()["pipelines"]["classify"]["labels"] == EMOTIONS
+    assert [[r["label"] for r in result["labels"]] for result in answer["results"]] == [["joy", "fear"]] * 2
+    for got, want in zip(answer["results"], pipe(["happy day .", "so mad"])):
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-6)
+
+
 # ---------------------------------------------------------------------------- end to end
 
 def test_finetune_and_predict_a_learnable_task(tiny_model, tmp_path, capsys):
