@@ -1,6 +1,6 @@
 """`bertforge finetune TASK`: fine-tune on GLUE, your own classification data (single- or multi-label),
-SWAG-style multiple choice, SQuAD or CoNLL NER. The shared flags are FinetuneArguments fields (bertforge.training.settings); each
-task's recipe changes only their defaults (learning rate, epochs, batch size)."""
+SWAG-style multiple choice, SQuAD or CoNLL NER. The shared flags are FinetuneArguments fields
+(bertforge.training.settings); each task's recipe changes only their defaults (learning rate, epochs, batch size)."""
 
 from __future__ import annotations
 
@@ -196,11 +196,7 @@ def run_multi_label(args: argparse.Namespace) -> None:
     task = multi_label.multi_label_from_args(args)
     results = engine.finetune_grid(task, _arguments(args, multi_label.RECIPE["epochs"]), *_grid(args))
     report_finetune(results, args.output_dir)
-    if args.test_file:
-        path, metrics = multi_label.predict_multi_label_file(
-            args.output_dir, args.test_file, Path(args.output_dir) / "test_predictions.tsv",
-            max_seq_length=args.max_seq_length, batch_size=args.eval_batch_size)
-        print(f"test predictions: {path}" + (f"; macro-F1 {metrics['f1_macro']:.4f}" if metrics else ""))
+    multi_label.after_finetune(args)
 
 
 def run_multiple_choice(args: argparse.Namespace) -> None:

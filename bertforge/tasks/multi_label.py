@@ -11,7 +11,8 @@ server read it.
 * `multi_label_metrics`, `tune_thresholds`: macro-F1 (the main metric), micro-F1, per-label precision,
   recall and F1; the threshold(s) maximising dev macro-F1 on a grid of 0.01 steps.
 * `predict_multi_label_file(...)`: `index<TAB>prediction` with the predicted names comma-separated.
-* The command functions: `add_multi_label_flags`, `multi_label_from_args`, `predict_run`.
+* The command functions: `add_multi_label_flags`, `multi_label_from_args`, `after_finetune` (`bertforge
+  finetune multi-label`; its recipe `RECIPE`), `add_predict_flags`, `predict_run` (`bertforge predict`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .classify_reader import InputExample, id2label
 from .multi_label_reader import MultiLabelExample, read_label_names, read_multi_label_file
 
 __all__ = ["DEFAULT_THRESHOLD", "MULTI_LABEL", "RECIPE", "TASK_NAME", "THRESHOLD_GRID", "add_multi_label_flags",
-           "add_predict_flags",
+           "add_predict_flags", "after_finetune",
            "collate", "is_multi_label", "label_thresholds", "multi_label_from_args", "multi_label_metrics",
            "multi_label_task", "predict_multi_label_file", "predict_run", "sigmoid", "tune_thresholds"]
 
@@ -279,6 +280,17 @@ def multi_label_from_args(args: argparse.Namespace) -> FinetuneTask:
     return multi_label_task(args.model, args.train_file, args.dev_file, labels_file=args.labels,
                             per_label_thresholds=args.per_label_thresholds, max_seq_length=args.max_seq_length,
                             eval_batch_size=args.eval_batch_size)
+
+
+def after_finetune(args: argparse.Namespace) -> None:
+    """After `bertforge finetune multi-label`: --test-file's predictions by the best model into
+    OUT/test_predictions.tsv (scored when it is labelled)."""
+    if not args.test_file:
+        return
+    path, metrics = predict_multi_label_file(args.output_dir, args.test_file,
+                                             Path(args.output_dir) / "test_predictions.tsv",
+                                             max_seq_length=args.max_seq_length, batch_size=args.eval_batch_size)
+    print(f"test predictions: {path}" + (f"; macro-F1 {metrics['f1_macro']:.4f}" if metrics else ""))
 
 
 def predict_run(args: argparse.Namespace) -> None:

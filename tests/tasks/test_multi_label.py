@@ -4,6 +4,7 @@ tuning against known answers and scikit-learn, the readers and their bad inputs,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import re
@@ -262,6 +263,9 @@ def test_pipeline_returns_every_label_over_the_threshold(tiny_model, tmp_path):
         assert result["scores"] == pytest.approx(dict(zip(EMOTIONS, probs)), abs=1e-5)
         assert [r["label"] for r in result["labels"]] == ["joy", "fear"]  # most probable first
         assert [r["score"] for r in result["labels"]] == pytest.approx([probs[0], probs[2]], abs=1e-5)
+    if importlib.util.find_spec("onnxruntime") is not None:  # the ONNX backend postprocesses the same way
+        onnx = pipeline("classify", model=tmp_path / "m", backend="onnx")(texts)
+        assert [[r["label"] for r in result["labels"]] for result in onnx] == [["joy", "fear"]] * 2
     # The stored per-label thresholds win over the global one.
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     config["multi_label_thresholds"] = {"joy": 0.999, "anger": 0.001, "fear": 0.999, "neutral": 0.999}
@@ -311,7 +315,8 @@ def test_finetune_and_predict_a_learnable_task(tiny_model, tmp_path, capsys):
     assert main(["finetune", "multi-label", "--train-file", str(tmp_path / "train.tsv"), "--dev-file",
                  str(tmp_path / "dev.tsv"), "--labels", str(tmp_path / "emotions.txt"), "--model", str(tiny_model),
                  "--output-dir", str(out), "--lr", "3e-3", "--epochs", "12", "--batch-size", "16",
-                 "--max-seq-length", "32", "--group-by-length", "--per-label-thresholds", "--no-progress"]) == 0
+                 "--max-seq-length", "32", "--group-by-length", "--per-label-thresholds", "--no-progress",
+                 "--test-file", str(tmp_path / "dev.tsv")]) == 0
     results = json.loads((out / "eval_results.json").read_text())
     assert results["task"] == "multi-label" and results["metrics"]["f1_macro"] > 0.7  # predicting every label: 0.51
     config = json.loads((out / "config.json").read_text())
@@ -329,6 +334,7 @@ def test_finetune_and_predict_a_learnable_task(tiny_model, tmp_path, capsys):
     assert [line.split("\t")[0] for line in lines[1:]] == [str(i) for i in range(64)]
     predicted = [line.split("\t")[1] for line in lines[1:]]
     assert all(set(p.split(",")) <= set(EMOTIONS) for p in predicted if p)
+    assert (out / "test_predictions.tsv").read_text() == (tmp_path / "p.tsv").read_text()  # --test-file's
     dev = [json.loads(line) for line in (out / "dev_predictions.jsonl").read_text().splitlines()]
     assert predicted == [",".join(record["prediction"]) for record in dev]  # the best evaluation's, in label order
     assert [record["label"] for record in dev] == [sorted(names, key=EMOTIONS.index) for _, names in rows(64, 2)]
