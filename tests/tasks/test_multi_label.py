@@ -63,9 +63,12 @@ def _peer_and_ours(tiny_model: Path, tmp_path: Path):
     transformers = pytest.importorskip("transformers")
     ours = BertForSequenceClassification.from_pretrained(tiny_model, num_labels=4, id2label=dict(enumerate(EMOTIONS)),
                                                          problem_type="multi_label_classification")
+    thresholds = {"joy": 0.4, "anger": 0.3, "fear": 0.25, "neutral": 0.5}
+    ours.config.extra.update(multi_label_threshold=0.35, multi_label_thresholds=thresholds)
     ours.save_pretrained(tmp_path / "ours")
     peer = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "ours")
     assert peer.config.problem_type == "multi_label_classification" and peer.config.num_labels == 4
+    assert peer.config.id2label == dict(enumerate(EMOTIONS)) and peer.config.multi_label_thresholds == thresholds
     return ours.eval(), peer.eval()
 
 
@@ -100,7 +103,7 @@ def test_loss_and_gradients_equal_transformers(tiny_model, tmp_path, unpad):
 
 def test_a_transformers_multi_label_checkpoint_loads_and_config_round_trips(tiny_model, tmp_path):
     ours, peer = _peer_and_ours(tiny_model, tmp_path)
-    peer.config.update({"multi_label_threshold": 0.3})
+    peer.config.update({"multi_label_threshold": 0.3, "multi_label_thresholds": None})
     peer.save_pretrained(tmp_path / "peer")
     loaded = BertForSequenceClassification.from_pretrained(tmp_path / "peer").eval()
     assert loaded.problem_type() == "multi_label_classification"
