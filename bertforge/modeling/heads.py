@@ -22,6 +22,7 @@ from .kernels import activation
 from .pretrained import PreTrainedBert
 
 IGNORE_INDEX = -100
+MULTI_LABEL = "multi_label_classification"  # config.json's problem_type of a multi-label classifier
 
 
 @dataclass
@@ -196,7 +197,9 @@ def _classifier_dropout(config: BertConfig) -> Dropout:
 
 
 class BertForSequenceClassification(PreTrainedBert):
-    """softmax(C Wᵀ) over K labels from the pooled [CLS] vector C; K = 1 is regression with MSE."""
+    """softmax(C Wᵀ) over K labels from the pooled [CLS] vector C; K = 1 is regression with MSE; config.json's
+    `problem_type="multi_label_classification"`: a sigmoid per label and binary cross-entropy (any number
+    of labels per text; `labels` (B, K) of 0/1), as transformers' BertForSequenceClassification."""
 
     def __init__(self, config: BertConfig):
         super().__init__(config)
@@ -213,11 +216,28 @@ class BertForSequenceClassification(PreTrainedBert):
         logits = self.classifier(self.dropout(out.pooler_output))  # (B, K)
         loss = None
         if labels is not None:
-            if self.num_labels == 1:
+            problem = self.problem_type(labels)
+            if problem == "regression":
                 loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            elif problem == MULTI_LABEL:
+                loss = F.binary_cross_entropy_with_logits(logits.float(), labels.float())
             else:
                 loss = F.cross_entropy(logits.float(), labels.reshape(-1), ignore_index=IGNORE_INDEX)
         return TaskOutput(logits, loss, out.hidden_states, out.attentions)
+
+    def problem_type(self, labels: torch.Tensor | None = None) -> str:
+        """"regression", "single_label_classification" or "multi_label_classification": config.json's
+        `problem_type` when set, else as transformers infers it: one output is regression, integer labels
+        single-label (softmax + cross-entropy), float labels (B, K) multi-label (a sigmoid and binary
+        cross-entropy per label, labels of 0/1)."""
+        problem = self.config.extra.get("problem_type")
+        if problem in ("regression", "single_label_classification", MULTI_LABEL):
+            return problem
+        if self.num_labels == 1:
+            return "regression"
+        if labels is not None and labels.is_floating_point():
+            return MULTI_LABEL
+        return "single_label_classification"
 
 
 class BertForTokenClassification(PreTrainedBert):

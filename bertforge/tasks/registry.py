@@ -48,8 +48,8 @@ from ..modeling import (
 )
 from ..modeling.pretrained import resolve_model_dir
 from ..training.finetune import FinetuneTask
-from . import (choice, classification, classify_features, classify_reader, conll, embed, glue, glue_data, squad,
-               squad_data, tagging)
+from . import (choice, classification, classify_features, classify_reader, conll, embed, glue, glue_data, multi_label,
+               multi_label_reader, squad, squad_data, tagging)
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,22 @@ FAMILIES: tuple[TaskFamily, ...] = (
         predict=PredictCommand(classification.predict_from_args, classification.add_predict_flags),
         # GLUE task names (and their aliases) resolve here too: a GLUE model records its task's name.
         problem_types=("single_label_classification", "regression"),
+    ),
+    TaskFamily(
+        # Any number of labels per text: the classify head with sigmoid + binary cross-entropy. Its
+        # checkpoints carry finetuning_task "multi-label" (or, from transformers, problem_type), which is
+        # how they resolve here rather than to classify; they serve through the classify pipeline.
+        name="multi-label", aliases=("multi_label", "multi-label-classification", "multi_label_classification"),
+        head=BertForSequenceClassification, architectures=(),
+        module="bertforge.tasks.multi_label", reader=multi_label_reader.read_multi_label_file,
+        features=multi_label.convert_examples, metrics=multi_label.multi_label_metrics,
+        finetune=(
+            FinetuneCommand("multi-label", "any number of labels per text: GoEmotions TSV with --labels, or CSV/JSONL "
+                            "with a labels list; defaults: batch 32, 3 epochs, lr 5e-5", multi_label.add_multi_label_flags,
+                            multi_label.multi_label_from_args, multi_label.RECIPE, after=multi_label.after_finetune),
+        ),
+        predict=PredictCommand(multi_label.predict_run, multi_label.add_predict_flags), pipeline="classify",
+        finetuning_tasks=(multi_label.TASK_NAME,), problem_types=(multi_label.MULTI_LABEL,),
     ),
     TaskFamily(
         name="multiple-choice", aliases=("multiple_choice", "choice", "swag"),

@@ -119,3 +119,30 @@ def test_multiple_choice_shows_the_chosen_ending(browser_page):
     assert rows.count() == 3  # one row per ending, with its probability
     assert sum(float(rows.nth(i).locator("td").nth(2).inner_text().rstrip("%")) for i in range(3)) == \
         pytest.approx(100.0, abs=0.2)
+
+
+def test_a_multi_label_model_shows_every_label_over_its_threshold(browser_page, page_url, tmp_path_factory):
+    """A multi-label classifier (problem_type in config.json): the page lists the labels the server
+    returned over the model's threshold, then every label's probability."""
+    from bertforge.modeling import BertForSequenceClassification
+
+    from .conftest import save_tiny
+
+    labels = {0: "joy", 1: "anger", 2: "fear"}
+    directory = save_tiny(tmp_path_factory.mktemp("multi_label"), BertForSequenceClassification, id2label=labels,
+                          extra={"problem_type": "multi_label_classification", "multi_label_threshold": 0.0001})
+    pipe = pipeline("classify", model=directory)  # a threshold this low: every label is over it
+    expected = pipe(["a good film"])[0]
+    assert [r["label"] for r in expected["labels"]] == sorted(labels.values(), key=lambda n: -expected["scores"][n])
+    with LiveServer(create_app({"classify": pipe}, ServerSettings(model="tiny"))) as server:
+        try:
+            browser_page.goto(server.url)
+            browser_page.wait_for_selector("nav button[data-task]")
+            _run(browser_page, "classify", {"texts": "a good film"})
+            shown = browser_page.locator("#output .label")
+            assert [shown.nth(i).inner_text() for i in range(shown.count())] == \
+                [r["label"] for r in expected["labels"]]
+            assert browser_page.locator("#output table tr").count() == 3  # every label's probability
+        finally:  # the other tests' page again
+            browser_page.goto(page_url)
+            browser_page.wait_for_selector("nav button[data-task]")

@@ -29,17 +29,19 @@ TODAY = {
     "tag": "tag", "ner": "tag", "token-classification": "tag", "tagging": "tag",
     "embed": "embed", "extract-features": "embed", "feature-extraction": "embed", "embedding": "embed",
     "fill-mask": "fill-mask", "fill_mask": "fill-mask", "mlm": "fill-mask",
+    "multi-label": "multi-label", "multi_label_classification": "multi-label",
 }
+PIPELINE = {"multi-label": "classify"}  # a family served by another family's pipeline
 
 
 @pytest.mark.parametrize("name, family", sorted(TODAY.items()))
 def test_every_name_in_use_resolves_to_its_family(name, family):
     assert resolve(name).name == family
-    assert resolve_task(name) == family  # pipeline(), the server's routes and export-onnx accept it too
+    assert resolve_task(name) == PIPELINE.get(family, family)  # pipeline(), the server's routes, export-onnx
 
 
 def test_an_unknown_name_lists_the_canonical_ones():
-    with pytest.raises(ValueError, match="classify, multiple-choice, answer, tag, embed, fill-mask"):
+    with pytest.raises(ValueError, match="classify, multi-label, multiple-choice, answer, tag, embed, fill-mask"):
         resolve("summarize")
     with pytest.raises(ValueError, match="unknown pipeline"):
         resolve_task("summarize")
@@ -51,7 +53,9 @@ def test_each_family_is_declared_once_and_complete():
     for family in FAMILIES:
         for name in family.names:
             assert seen.setdefault(name, family.name) == family.name, f"{name} names two families"
-        assert issubclass(family.head, nn.Module) and family.architectures[0] == family.head.__name__
+        assert issubclass(family.head, nn.Module)
+        # A family that shares its head with another (multi-label: classify's) resolves by its names only.
+        assert not family.architectures or family.architectures[0] == family.head.__name__
         assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
 
 
@@ -70,7 +74,7 @@ def test_the_cli_is_built_from_the_registry():
     defaults; `predict` runs each fine-tuned family's own predictor."""
     parser = build_parser()
     assert sub_commands(parser, "finetune") == [c.name for c in finetune_commands()] == [
-        "glue", "classify", "multiple-choice", "squad", "ner"]
+        "glue", "classify", "multi-label", "multiple-choice", "squad", "ner"]
     own = {"glue": ["--task", "mrpc", "--data-dir", "g"]}
     for command in finetune_commands():
         args = parser.parse_args(["finetune", command.name, "--model", "m", "--output-dir", "o",
@@ -78,8 +82,9 @@ def test_the_cli_is_built_from_the_registry():
         assert args.finetune_command is command
         assert (args.lr, args.batch_size, args.max_seq_length, args.recipe_epochs) == tuple(
             command.recipe[k] for k in ("lr", "batch_size", "max_seq_length", "epochs"))
-    predictors = {name: TASKS[name].predict.run for name in ("classify", "multiple-choice", "answer", "tag")}
-    assert len(set(predictors.values())) == 4  # one each, from the family's own module
+    predictors = {name: TASKS[name].predict.run for name in ("classify", "multi-label", "multiple-choice", "answer",
+                                                             "tag")}
+    assert len(set(predictors.values())) == 5  # one each, from the family's own module
     for name, run in predictors.items():
         assert run.__module__ == TASKS[name].module
 
@@ -127,6 +132,13 @@ def test_finetuning_task_first_then_problem_type_then_head(tiny_dirs, tmp_path):
     assert task_for_checkpoint(typed) == "classify"
     both = _rewrite_config(tiny_dirs["tag"], tmp_path / "both", problem_type="regression", finetuning_task="ner")
     assert task_for_checkpoint(both) == "tag"
+    # Multi-label shares classify's head: bertforge's checkpoints say so by finetuning_task, transformers'
+    # by problem_type; both serve through the classify pipeline.
+    for name, changes in (("ours", {"finetuning_task": "multi-label"}),
+                          ("peer", {"finetuning_task": None, "problem_type": "multi_label_classification"})):
+        multi = _rewrite_config(tiny_dirs["classify"], tmp_path / f"multi-{name}", **changes)
+        assert task_for_checkpoint(multi) == "multi-label"
+        assert pipeline_for_checkpoint(multi) == "classify"
 
 
 def test_a_checkpoint_without_config_is_an_error(tmp_path):

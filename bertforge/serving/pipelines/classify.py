@@ -1,12 +1,13 @@
-"""The `classify` pipeline: a label and its probability per text or text pair (sequence classification)."""
+"""The `classify` pipeline: a label and its probability per text or text pair (sequence classification);
+for a multi-label model, every label whose probability reaches the model's decision threshold."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
-
 from ...modeling import BertForSequenceClassification
 from ...tasks.arrays import softmax
+from ...tasks.multi_label import is_multi_label, label_thresholds, sigmoid
 from ..graphs import LogitsGraph
 from ..registry import register_pipeline
 from .base import Pipeline
@@ -17,7 +18,10 @@ class ClassifyPipeline(Pipeline):
     """A label and its probability per text (or text pair), from the model's `config.id2label`.
 
     `pipe(texts, text_pairs=None)` -> for each input `{"label", "score", "scores": {label: p}}`;
-    a regression model (num_labels = 1) gives `{"score": value}`.
+    a regression model (num_labels = 1) gives `{"score": value}`; a multi-label model (config.json's
+    `problem_type="multi_label_classification"`) `{"labels": [{"label", "score"}, ...], "scores": {label: p}}`:
+    every label whose probability (a sigmoid per label) reaches its threshold (`multi_label_threshold(s)`
+    in config.json, tuned on dev by `bertforge finetune multi-label`; else 0.5), most probable first.
     """
 
     model_class = BertForSequenceClassification
@@ -39,9 +43,17 @@ class ClassifyPipeline(Pipeline):
 
     def postprocess(self, inputs, features, outputs, text_pairs=None):
         labels = self.labels
+        multi_label = len(labels) > 1 and is_multi_label(self.config)
+        thresholds = label_thresholds(self.config) if multi_label else None
         results = []
         for output in outputs:
             logits = output["logits"]
+            if multi_label:
+                probs = sigmoid(logits)
+                chosen = sorted((i for i in range(len(labels)) if probs[i] >= thresholds[i]), key=lambda i: -probs[i])
+                results.append({"labels": [{"label": labels[i], "score": float(probs[i])} for i in chosen],
+                                "scores": {label: float(p) for label, p in zip(labels, probs)}})
+                continue
             if len(labels) == 1:
                 results.append({"score": float(logits[0])})
                 continue
