@@ -2,11 +2,12 @@
 
 Three rules keep the package's layers pointing one way (ARCHITECTURE.md):
 
-1. **Layers.** tokenization (0) ← modeling (1) ← training (2) ← {pretraining, tasks} (3) ← serving (4)
-   ← cli (5). The helpers every layer shares (`_files`, `_checks`, `corpus`, `metrics/`) sit below them
+1. **Layers.** tokenization (0) ← modeling (1) ← training (2) ← {pretraining, tasks} (3) ← {serving,
+   distillation} (4) ← cli (5). The helpers every layer shares (`_files`, `_checks`, `corpus`, `metrics/`) sit below them
    all and import none of them; `quickstart`, `__main__` and the package root (`bertforge/__init__.py`,
    which re-exports the public API) sit at the cli level. A module may import its own layer and those
-   below it, never one above; pretraining and tasks, siblings, do not import each other.
+   below it, never one above; siblings (pretraining and tasks; serving and distillation) do not import
+   each other.
 2. **No cycle.** Every import counts, at module top or inside a function, except those guarded by
    `if TYPE_CHECKING:` (never executed, they cannot form a cycle at run time). A `from X import name`
    where `X.name` is a module is an edge to that module; any other `from X import name` is an edge to X
@@ -37,10 +38,10 @@ LAYERS = {
     "modeling": 1,
     "training": 2,
     "pretraining": 3, "tasks": 3,
-    "serving": 4,
+    "serving": 4, "distillation": 4,
     "cli": 5, "quickstart": 5, "reproduce": 5, "__main__": 5, "": 5,
 }
-SIBLINGS = {frozenset({"pretraining", "tasks"})}
+SIBLINGS = {frozenset({"pretraining", "tasks"}), frozenset({"serving", "distillation"})}
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,7 @@ def test_every_module_has_a_layer():
 def test_imports_point_down_the_layers(package):
     bad = _of(package, layer_violations(ALL_IMPORTS))
     assert not bad, report(bad, "imports from a higher layer (tokenization 0 < modeling 1 < training 2 < "
-                                "pretraining, tasks 3 < serving 4 < cli 5; helpers below all)")
+                                "pretraining, tasks 3 < serving, distillation 4 < cli 5; helpers below all)")
 
 
 def test_no_import_cycle():

@@ -10,13 +10,13 @@ from .._checks import check_flags, check_positions
 from .._files import is_disk_full
 from ..modeling.pretrained import resolve_model_dir
 from ..training import NonFiniteLossError
-from . import (convert_tf, export_onnx, extract_features, finetune, plot, predict, prepare, pretrain, quickstart,
-               reproduce, serve, vocab)
+from . import (convert_tf, distill, export_onnx, extract_features, finetune, plot, predict, prepare, pretrain,
+               quickstart, reproduce, serve, vocab)
 
 # The sub-commands in --help's order; each module's `register` adds its parser, whose `func` runs it
 # (and `check`, where a command has one, judges its flags together before anything loads).
-COMMANDS = (quickstart, vocab, extract_features, convert_tf, prepare, pretrain, finetune, predict, plot, export_onnx,
-            serve, reproduce)
+COMMANDS = (quickstart, vocab, extract_features, convert_tf, prepare, pretrain, finetune, distill, predict, plot,
+            export_onnx, serve, reproduce)
 
 
 def build_parser() -> argparse.ArgumentParser:

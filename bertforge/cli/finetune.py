@@ -32,13 +32,15 @@ def _lr_list(text: str) -> list[float]:
 
 
 def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float | None = 2e-5,
-                        batch_size: int | None = 32, max_seq_length: int = 128) -> None:
+                        batch_size: int | None = 32, max_seq_length: int | None = 128, model: bool = True) -> None:
     """The flags every `finetune` task shares; a None default means "the task's recipe decides" (per
     version, approach, ...). --epochs defaults to None whatever the recipe, so that `_arguments` can tell a
-    given --epochs from the recipe's (the recipe's epochs: `_arguments`' `epochs`)."""
+    given --epochs from the recipe's (the recipe's epochs: `_arguments`' `epochs`). `model=False` leaves
+    out --model (`distill` names its models otherwise: --teacher, --student)."""
     recipe = {"lr": lr, "epochs": None, "batch_size": batch_size}
-    p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, vocab.txt) "
-                   "or Hub id (org/name[@revision])")
+    if model:
+        p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, "
+                       "vocab.txt) or Hub id (org/name[@revision])")
     add_settings_flags(p, FinetuneArguments, ("output_dir",))
     p.add_argument("--max-seq-length", type=int, default=max_seq_length)
     add_settings_flags(p, FinetuneArguments, ("lr",), recipe)

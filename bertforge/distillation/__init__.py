@@ -1,0 +1,14 @@
+"""Distillation (`bertforge distill`): a fine-tuned teacher's task in a smaller, faster student.
+
+A stage beside `tasks`: it reads the task registry (the teacher's family, reader, head) and runs the
+shared fine-tuning engine; only the CLI imports it. See `run` (the entry points and the families it
+distils), `student` (the student's layers and initialisation), `objectives` (the loss), `cache` (the
+teacher's outputs, computed once, memory-mapped) and one module per family (`classify`).
+"""
+
+from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
+from .run import DISTILLERS, Distiller, check_teacher, distill, distill_task
+from .student import build_student, copy_layers, student_layers
+
+__all__ = ["DISTILLERS", "Distiller", "build_student", "check_teacher", "copy_layers", "distill", "distill_task",
+           "hard_label_loss", "soft_target_loss", "squared_error_loss", "student_layers"]

@@ -1,0 +1,205 @@
+"""Distilling the classify family (sentence or pair classification, regression): a `FinetuneTask` whose
+step is the distillation objective.
+
+The transfer set is the training file's examples (labelled or not) and any unlabelled text (one text per
+line; a line with a tab is a pair, text<TAB>text_pair). The teacher's logits over it are computed once
+(`cache.teacher_outputs`) and each batch reads its rows of them. The loss of a batch is two terms, each
+a mean over its own rows, which the Trainer weights across micro-batches and processes:
+
+* `distill_loss`: T² · KL(teacher_T || student_T) over every example (regression: the squared error
+  between the student's and the teacher's output);
+* `label_loss`: alpha × the cross-entropy (regression: squared error) against the label, over the
+  examples that have one.
+
+The data is read as the teacher was trained: a GLUE teacher (finetuning_task "sst2", "mrpc", ...) reads
+the GLUE layout of its task, any other the classify family's reader (`read_classify_file`: CSV, TSV or
+JSON lines with text, text_pair, label). Evaluation is the fine-tuning task's on --dev-file, plus the
+student's agreement with the teacher there; without --dev-file, the student is judged by its agreement
+with the teacher on the training file (the squared error for regression).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from .._files import read_text, write_text_atomic
+from ..metrics.glue import glue_metrics, main_metric
+from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
+from ..tasks.classification import classification_task, classify_metrics, logits_to_predictions, predict_features
+from ..tasks.classify_features import convert_examples_to_features, pad_batch
+from ..tasks.classify_reader import InputExample
+from ..tasks.glue_data import TaskSpec, get_task, read_glue_file
+from ..tasks.registry import TaskFamily
+from ..training.finetune import FinetuneTask
+from .cache import cache_key, default_cache_dir, teacher_outputs
+from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
+from .student import build_student
+
+__all__ = ["DISTILL_INFO", "classify_distill_task", "distillation_step", "read_unlabeled"]
+
+DISTILL_INFO = "distillation.json"  # kept with the student: teacher, layers, objective, transfer set, teacher's dev scores
+
+
+def read_unlabeled(paths: Sequence[str | os.PathLike]) -> list[InputExample]:
+    """Unlabelled transfer examples: each non-blank line of each file is one text, or a pair when it holds
+    a tab (text<TAB>text_pair)."""
+    examples = []
+    for path in paths:
+        for line in read_text(path).splitlines():
+            if not line.strip():
+                continue
+            text, tab, pair = line.partition("\t")
+            examples.append(InputExample(f"unlabeled-{len(examples)}", text, pair if tab and pair.strip() else None))
+    return examples
+
+
+def _glue_spec(task_name: str) -> TaskSpec | None:
+    if task_name == "classify":
+        return None
+    try:
+        return get_task(task_name)
+    except ValueError:
+        return None
+
+
+def distillation_step(temperature: float, alpha: float, regression: bool):
+    """The `step_fn` of a classify student: {"distill_loss", "label_loss"} (see the module docstring) and
+    the share of examples on which the student's label is the teacher's."""
+    def step(model, batch: dict[str, torch.Tensor]):
+        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch["attention_mask"])
+        logits, teacher, mask = out.logits, batch["teacher_logits"], batch["label_mask"]
+        metrics = {}
+        if regression:
+            soft = squared_error_loss(logits, teacher[:, 0])
+            hard = squared_error_loss(logits, batch["labels"], mask)
+        else:
+            soft = soft_target_loss(logits, teacher, temperature)
+            hard = hard_label_loss(logits, batch["labels"], mask)
+            with torch.no_grad():
+                metrics["teacher_agreement"] = ((logits.argmax(-1) == teacher.argmax(-1)).sum(), len(teacher))
+        return {"distill_loss": soft, "label_loss": alpha * hard}, metrics
+    return step
+
+
+def distillation_count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Rows behind each term's mean: every example for the soft targets, the labelled ones for the labels."""
+    return {"distill_loss": float(len(batch["input_ids"])), "label_loss": float(batch["label_mask"].sum())}
+
+
+def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
+    batch = pad_batch(rows, pad_id)
+    batch["teacher_logits"] = torch.from_numpy(np.asarray(logits[[r["index"] for r in rows]], dtype=np.float32))
+    labelled = [r.get("label") is not None for r in rows]
+    values = [r["label"] if ok else 0 for r, ok in zip(rows, labelled)]
+    batch["labels"] = torch.tensor(values, dtype=torch.float32 if regression else torch.long)
+    batch["label_mask"] = torch.tensor(labelled, dtype=torch.bool)
+    return batch
+
+
+def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *,
+                          output_dir: str | os.PathLike, dev_file: str | os.PathLike | None = None,
+                          unlabeled: Sequence[str | os.PathLike] = (), layers: int | None = None,
+                          student: str | None = None, temperature: float = 2.0, alpha: float = 0.5,
+                          max_seq_length: int = 128, eval_batch_size: int = 128,
+                          cache_dir: str | os.PathLike | None = None) -> FinetuneTask:
+    """The `FinetuneTask` that distils the classifier in `teacher_dir` into a student (see
+    `student.build_student` for `layers` / `student`); the teacher's logits are cached in `cache_dir`
+    (default: `cache.default_cache_dir`)."""
+    teacher_dir = Path(teacher_dir)
+    config = BertConfig.from_pretrained(teacher_dir)
+    task_name = config.extra.get("finetuning_task") or "classify"
+    regression = config.num_labels == 1 or config.extra.get("problem_type") == "regression"
+    label_list = None if regression else (
+        [config.id2label[i] for i in range(config.num_labels)] if config.id2label else [str(i) for i in range(config.num_labels)])
+    spec = _glue_spec(task_name)
+
+    def read(path, split: str, require_labels: bool) -> list[InputExample]:
+        if spec is not None:
+            return read_glue_file(spec, path, split)
+        examples, _ = family.reader(path, regression, label_list=label_list, require_labels=require_labels)
+        return examples
+
+    train = read(train_file, "train", False)
+    extra = read_unlabeled(unlabeled)
+    transfer = train + extra
+    dev = read(dev_file, "dev", True) if dev_file is not None else None
+
+    def metrics_fn(split: str, predictions, labels) -> dict[str, float]:
+        if spec is not None:
+            return glue_metrics(spec.split(split).metrics_task, predictions, labels)
+        return classify_metrics(predictions, labels, regression)
+
+    main = (main_metric(spec.name) if spec is not None else "pearson" if regression else "accuracy") \
+        if dev is not None else ("teacher_mse" if regression else "teacher_agreement")
+    base = classification_task(task_name, teacher_dir, transfer, {"dev": dev} if dev is not None else {}, label_list,
+                               metrics_fn=metrics_fn, main_metric=main, max_seq_length=max_seq_length,
+                               eval_batch_size=eval_batch_size)
+    tokenizer, pad_id = base.tokenizer, base.tokenizer.vocab.get("[PAD]", 0)
+    features = [{**f, "index": i} for i, f in enumerate(base.train_features)]
+
+    teacher = load_for_inference(BertForSequenceClassification, teacher_dir, task=task_name)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
+
+    def outputs_of(rows: list[dict]) -> np.ndarray:
+        key = cache_key(teacher_dir, rows, "classify logits")
+        return teacher_outputs(cache_dir, key, lambda: {"logits": teacher_logits(teacher, rows, eval_batch_size, pad_id)},
+                               rows=len(rows))["logits"]
+
+    logits = outputs_of(features)
+    dev_features = convert_examples_to_features(dev, tokenizer, label_list, max_seq_length) if dev else []
+    dev_logits = outputs_of(dev_features) if dev else None
+    teacher_dev = None
+    if dev is not None:
+        teacher_dev = metrics_fn("dev", logits_to_predictions(np.asarray(dev_logits), regression),
+                                 [f["label"] for f in dev_features])
+    overrides = dict(num_labels=config.num_labels, id2label=config.id2label, finetuning_task=task_name,
+                     problem_type="regression" if regression else "single_label_classification")
+    made: dict[str, Any] = {}
+
+    def build_model():
+        model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=overrides)
+        return model
+
+    train_rows = range(len(train))  # the training file's examples come first in the transfer set
+
+    def evaluate(model):
+        if dev is not None:
+            metrics, predictions = base.evaluate(model)
+            if not regression:
+                teacher_labels = np.asarray(dev_logits).argmax(-1)
+                metrics["teacher_agreement"] = float(np.mean(predictions["dev"] == teacher_labels))
+            return metrics, predictions
+        student_logits = predict_features(model, [features[i] for i in train_rows], eval_batch_size, pad_id)
+        target = np.asarray(logits[:len(train)])
+        if regression:
+            return {"teacher_mse": float(np.mean((student_logits[:, 0] - target[:, 0]) ** 2))}, None
+        return {"teacher_agreement": float(np.mean(student_logits.argmax(-1) == target.argmax(-1)))}, None
+
+    def extra_files(directory: Path) -> None:
+        info = {"teacher": str(teacher_dir), "task": task_name, "family": family.name,
+                "teacher_layers": config.num_hidden_layers, **made.get("student", {}),
+                "temperature": temperature, "alpha": alpha, "max_seq_length": max_seq_length,
+                "transfer_examples": len(transfer), "labelled_examples": sum(f["label"] is not None for f in features),
+                "unlabeled_examples": len(extra), "teacher_outputs": str(cache_dir),
+                "teacher_dev_metrics": teacher_dev}
+        write_text_atomic(directory / DISTILL_INFO, json.dumps(info, indent=2) + "\n")
+
+    return FinetuneTask(
+        name=task_name, build_model=build_model, tokenizer=tokenizer, train_features=features,
+        collate=lambda rows: _collate(rows, logits, pad_id, regression),
+        step_fn=distillation_step(temperature, alpha, regression), evaluate=evaluate, main_metric=main,
+        greater_is_better=main != "teacher_mse", write_predictions=base.write_predictions if dev is not None else None,
+        lengths=base.lengths, count_fn=distillation_count, extra_files=extra_files)
+
+
+def teacher_logits(teacher, features: Sequence[dict], batch_size: int, pad_id: int) -> np.ndarray:
+    """The teacher's logits (N, K) float32 for `features`, in their order (eval mode, as saved)."""
+    rows = [{k: f[k] for k in ("input_ids", "token_type_ids")} for f in features]
+    return predict_features(teacher, rows, batch_size, pad_id).astype(np.float32)
