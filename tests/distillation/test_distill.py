@@ -159,6 +159,30 @@ def test_a_distilled_student_loads_in_transformers(teacher, tmp_path):
                                    atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["preset", "checkpoint"])
+def test_a_preset_or_a_checkpoint_as_the_student(encoder, teacher, tmp_path, kind):
+    """--student tiny: BERT-Tiny's shape (random weights) with the teacher's vocabulary, positions and labels;
+    --student DIR: that checkpoint's encoder with a new head configured as the teacher's."""
+    train = write_classify(tmp_path / "train.csv", sentences(12, 5))
+    student = "tiny" if kind == "preset" else str(encoder)
+    task = distill_task(teacher, train, output_dir=tmp_path / "out", student=student, cache_dir=tmp_path / "cache")
+    finetune(task, FinetuneArguments(output_dir=tmp_path / "out", max_steps=1, batch_size=12, progress=False))
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["finetuning_task"] == "classify" and config["id2label"] == {"0": "0", "1": "1"}
+    assert config["vocab_size"] == len(WORDS) and config["max_position_embeddings"] == 64
+    if kind == "preset":
+        assert (config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]) == (2, 128, 2)
+    else:
+        assert (config["num_hidden_layers"], config["hidden_size"]) == (4, 32)
+        ours = BertForSequenceClassification.from_pretrained(tmp_path / "out").state_dict()
+        initial = BertForSequenceClassification.from_pretrained(encoder).state_dict()
+        key = "bert.encoder.layer.3.output.dense.weight"  # the checkpoint's own layer (the teacher's differs)
+        torch.testing.assert_close(ours[key], initial[key], atol=1e-3, rtol=0)
+        assert not torch.allclose(ours[key], BertForSequenceClassification.from_pretrained(teacher).state_dict()[key])
+    info = json.loads((tmp_path / "out" / "distillation.json").read_text())
+    assert info["init"] == ("preset tiny" if kind == "preset" else f"checkpoint {encoder}")
+
+
 # ---------------------------------------------------------------------------- the first loss, the cache
 
 def _hand_loss(teacher_dir: Path, texts, labels, temperature: float, alpha: float) -> tuple[float, float]:
