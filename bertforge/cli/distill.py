@@ -44,6 +44,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "(the KL term is scaled by T^2)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the hard-label loss on labelled examples "
                    "(0: soft targets only)")
+    p.add_argument("--labels-only", action="store_true", help="the control: the same student trained on the labels "
+                   "alone (no soft targets), to measure what distillation adds")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: TEACHER/teacher_outputs, "
                    "or OUT/teacher_outputs for a read-only teacher)")
     _add_finetune_flags(p, lr=RECIPE["lr"], batch_size=RECIPE["batch_size"], max_seq_length=None, model=False)
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> None:
     task = distill_task(args.teacher, args.train_file, output_dir=args.output_dir, layers=args.layers,
                         student=args.student, dev_file=args.dev_file, unlabeled=args.unlabeled_files,
                         temperature=args.temperature, alpha=args.alpha, max_seq_length=args.max_seq_length,
-                        eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir)
+                        eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir, labels_only=args.labels_only,
+                        device=args.device)
     results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)

@@ -11,6 +11,9 @@ a mean over its own rows, which the Trainer weights across micro-batches and pro
 * `label_loss`: alpha × the cross-entropy (regression: squared error) against the label, over the
   examples that have one.
 
+`labels_only=True` is the control the distilled student is compared with: the same student, data and
+engine, trained on the labels alone (`label_loss` with weight 1, no soft targets).
+
 The data is read as the teacher was trained: a GLUE teacher (finetuning_task "sst2", "mrpc", ...) reads
 the GLUE layout of its task, any other the classify family's reader (`read_classify_file`: CSV, TSV or
 JSON lines with text, text_pair, label). Evaluation is the fine-tuning task's on --dev-file, plus the
@@ -68,9 +71,10 @@ def _glue_spec(task_name: str) -> TaskSpec | None:
         return None
 
 
-def distillation_step(temperature: float, alpha: float, regression: bool):
+def distillation_step(temperature: float, alpha: float, regression: bool, labels_only: bool = False):
     """The `step_fn` of a classify student: {"distill_loss", "label_loss"} (see the module docstring) and
-    the share of examples on which the student's label is the teacher's."""
+    the share of examples on which the student's label is the teacher's; `labels_only`: {"label_loss"}
+    alone, unweighted (the control)."""
     def step(model, batch: dict[str, torch.Tensor]):
         out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                     attention_mask=batch["attention_mask"])
@@ -84,6 +88,8 @@ def distillation_step(temperature: float, alpha: float, regression: bool):
             hard = hard_label_loss(logits, batch["labels"], mask)
             with torch.no_grad():
                 metrics["teacher_agreement"] = ((logits.argmax(-1) == teacher.argmax(-1)).sum(), len(teacher))
+        if labels_only:
+            return {"label_loss": hard}, metrics
         return {"distill_loss": soft, "label_loss": alpha * hard}, metrics
     return step
 
@@ -108,10 +114,12 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                           unlabeled: Sequence[str | os.PathLike] = (), layers: int | None = None,
                           student: str | None = None, temperature: float = 2.0, alpha: float = 0.5,
                           max_seq_length: int = 128, eval_batch_size: int = 128,
-                          cache_dir: str | os.PathLike | None = None) -> FinetuneTask:
+                          cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
+                          device: str | None = None) -> FinetuneTask:
     """The `FinetuneTask` that distils the classifier in `teacher_dir` into a student (see
-    `student.build_student` for `layers` / `student`); the teacher's logits are cached in `cache_dir`
-    (default: `cache.default_cache_dir`)."""
+    `student.build_student` for `layers` / `student`); the teacher's logits are computed on `device`
+    (default: the GPU if there is one) and cached in `cache_dir` (default: `cache.default_cache_dir`).
+    `labels_only`: the control, trained on the labels alone (see the module docstring)."""
     teacher_dir = Path(teacher_dir)
     config = BertConfig.from_pretrained(teacher_dir)
     task_name = config.extra.get("finetuning_task") or "classify"
@@ -152,9 +160,13 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
         return teacher_outputs(cache_dir, key, lambda: {"logits": teacher_logits(teacher, rows, eval_batch_size, pad_id)},
                                rows=len(rows))["logits"]
 
+    teacher.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     logits = outputs_of(features)
     dev_features = convert_examples_to_features(dev, tokenizer, label_list, max_seq_length) if dev else []
     dev_logits = outputs_of(dev_features) if dev else None
+    teacher.to("cpu")  # from here on only copied from (the student's initial weights)
+    if labels_only and not any(f["label"] is not None for f in features):
+        raise ValueError(f"{train_file}: no labelled example to train on the labels alone")
     teacher_dev = None
     if dev is not None:
         teacher_dev = metrics_fn("dev", logits_to_predictions(np.asarray(dev_logits), regression),
@@ -185,6 +197,7 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     def extra_files(directory: Path) -> None:
         info = {"teacher": str(teacher_dir), "task": task_name, "family": family.name,
                 "teacher_layers": config.num_hidden_layers, **made.get("student", {}),
+                "objective": "labels only" if labels_only else "soft targets + labels",
                 "temperature": temperature, "alpha": alpha, "max_seq_length": max_seq_length,
                 "transfer_examples": len(transfer), "labelled_examples": sum(f["label"] is not None for f in features),
                 "unlabeled_examples": len(extra), "teacher_outputs": str(cache_dir),
@@ -194,7 +207,7 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     return FinetuneTask(
         name=task_name, build_model=build_model, tokenizer=tokenizer, train_features=features,
         collate=lambda rows: _collate(rows, logits, pad_id, regression),
-        step_fn=distillation_step(temperature, alpha, regression), evaluate=evaluate, main_metric=main,
+        step_fn=distillation_step(temperature, alpha, regression, labels_only), evaluate=evaluate, main_metric=main,
         greater_is_better=main != "teacher_mse", write_predictions=base.write_predictions if dev is not None else None,
         lengths=base.lengths, count_fn=distillation_count, extra_files=extra_files)
 

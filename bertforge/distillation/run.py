@@ -36,7 +36,7 @@ class Distiller:
         their absence means the head was never trained.
     task(family, teacher_dir, train_file, **options): the `FinetuneTask` of the student (options:
         output_dir, dev_file, unlabeled, layers, student, temperature, alpha, max_seq_length,
-        eval_batch_size, cache_dir).
+        eval_batch_size, cache_dir, labels_only, device).
     recipe: the defaults of the shared flags for `bertforge distill` on this family.
     """
 

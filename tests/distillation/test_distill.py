@@ -228,6 +228,13 @@ def test_the_students_first_loss_on_a_hand_built_batch(teacher, tmp_path):
     assert info["teacher_layers"] == [0, 2] and info["labelled_examples"] == 3 and info["unlabeled_examples"] == 2
     results = json.loads((tmp_path / "out" / "eval_results.json").read_text())
     assert set(results["metrics"]) == {"teacher_agreement"}  # no --dev-file: agreement on the training file
+    # the control: the same student on the labels alone, the cross-entropy unweighted
+    control = distill_task(teacher, train, output_dir=tmp_path / "control", layers=2, labels_only=True,
+                           unlabeled=[tmp_path / "more.txt"], alpha=0.7, cache_dir=tmp_path / "cache")
+    finetune(control, FinetuneArguments(output_dir=tmp_path / "control", max_steps=1, batch_size=6, log_every=1,
+                                        progress=False, lr=1e-3))
+    first = json.loads((tmp_path / "control" / "log.jsonl").read_text().splitlines()[0])
+    assert "distill_loss" not in first and first["loss"] == pytest.approx(hard / 0.7, rel=1e-4)
 
 
 def test_the_teacher_cache_is_read_back_not_recomputed(teacher, tmp_path, monkeypatch):
