@@ -59,6 +59,8 @@ def check(args: argparse.Namespace) -> None:
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be 0 or more, got {args.alpha:g}")
     args.teacher = str(resolve_model_dir(args.teacher))
+    if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
+        raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
     _, _, config = check_teacher(args.teacher)
     check_student(args.teacher, config, args.layers, args.student)
     if args.max_seq_length is None:  # the recipe's, or fewer for a teacher with fewer positions

@@ -61,9 +61,10 @@ def cache_key(teacher_dir: str | os.PathLike, features: Sequence[Mapping[str, An
 
 def default_cache_dir(teacher_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """TEACHER/teacher_outputs when the teacher's directory is writable (every student of that teacher shares
-    it), else OUT/teacher_outputs (a read-only teacher: a Hub snapshot, a shared directory)."""
-    teacher_dir = Path(teacher_dir)
-    if os.access(teacher_dir, os.W_OK) and not (teacher_dir / CACHE_DIR).is_symlink():
+    it), else OUT/teacher_outputs: a read-only teacher, or a Hub snapshot (the Hub's cache is not ours to add to)."""
+    teacher_dir = Path(teacher_dir).resolve()
+    in_hub_cache = "snapshots" in teacher_dir.parts and any(p.startswith("models--") for p in teacher_dir.parts)
+    if os.access(teacher_dir, os.W_OK) and not in_hub_cache and not (teacher_dir / CACHE_DIR).is_symlink():
         return teacher_dir / CACHE_DIR
     return Path(output_dir) / CACHE_DIR
 

@@ -256,6 +256,9 @@ def test_the_teacher_cache_is_read_back_not_recomputed(teacher, tmp_path, monkey
     assert calls == [24, 8]  # the transfer set and the dev file, once each
     stored = sorted((teacher / "teacher_outputs").iterdir())  # the teacher's directory is writable: kept there
     assert len(stored) == 2 and all((d / "logits.npy").is_file() for d in stored)
+    hub = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc"  # never added to the Hub's cache
+    hub.mkdir(parents=True)
+    assert cache_module.default_cache_dir(hub, tmp_path / "o") == tmp_path / "o" / "teacher_outputs"
     second = task("b")
     assert calls == [24, 8]  # read back, not recomputed
     rows = [first.train_features[:5]]
@@ -399,5 +402,7 @@ def test_errors_are_one_line_before_any_work(encoder, teacher, save_tiny_checkpo
                                                str(foreign)])
     assert "--temperature must be a positive number" in _error(capsys, ["distill", "--teacher", str(teacher), *common,
                                                                          "--temperature", "0"])
+    assert "is the teacher's directory" in _error(capsys, ["distill", "--teacher", str(teacher), "--output-dir",
+                                                          str(teacher), "--train-file", str(train)])
     assert "--dev-file" in _error(capsys, ["distill", "--teacher", str(teacher), *common, "--dev-file",
                                            str(tmp_path / "missing.csv")])
