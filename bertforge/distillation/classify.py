@@ -46,7 +46,8 @@ from .student import build_student
 
 __all__ = ["DISTILL_INFO", "classify_distill_task", "distillation_step", "read_unlabeled"]
 
-DISTILL_INFO = "distillation.json"  # kept with the student: teacher, layers, objective, transfer set, teacher's dev scores
+# Kept with the student: the teacher, the layers, the objective, the transfer set, the teacher's dev scores.
+DISTILL_INFO = "distillation.json"
 
 
 def read_unlabeled(paths: Sequence[str | os.PathLike]) -> list[InputExample]:
@@ -124,8 +125,8 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     config = BertConfig.from_pretrained(teacher_dir)
     task_name = config.extra.get("finetuning_task") or "classify"
     regression = config.num_labels == 1 or config.extra.get("problem_type") == "regression"
-    label_list = None if regression else (
-        [config.id2label[i] for i in range(config.num_labels)] if config.id2label else [str(i) for i in range(config.num_labels)])
+    names = config.id2label or {i: str(i) for i in range(config.num_labels)}
+    label_list = None if regression else [names[i] for i in range(config.num_labels)]
     spec = _glue_spec(task_name)
 
     def read(path, split: str, require_labels: bool) -> list[InputExample]:
@@ -151,22 +152,23 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                                eval_batch_size=eval_batch_size)
     tokenizer, pad_id = base.tokenizer, base.tokenizer.vocab.get("[PAD]", 0)
     features = [{**f, "index": i} for i, f in enumerate(base.train_features)]
+    if labels_only and not any(f["label"] is not None for f in features):
+        raise ValueError(f"{train_file}: no labelled example to train on the labels alone")
 
     teacher = load_for_inference(BertForSequenceClassification, teacher_dir, task=task_name)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
 
     def outputs_of(rows: list[dict]) -> np.ndarray:
         key = cache_key(teacher_dir, rows, "classify logits")
-        return teacher_outputs(cache_dir, key, lambda: {"logits": teacher_logits(teacher, rows, eval_batch_size, pad_id)},
-                               rows=len(rows))["logits"]
+        def compute() -> dict[str, np.ndarray]:
+            return {"logits": teacher_logits(teacher, rows, eval_batch_size, pad_id)}
+        return teacher_outputs(cache_dir, key, compute, rows=len(rows))["logits"]
 
     teacher.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     logits = outputs_of(features)
     dev_features = convert_examples_to_features(dev, tokenizer, label_list, max_seq_length) if dev else []
     dev_logits = outputs_of(dev_features) if dev else None
     teacher.to("cpu")  # from here on only copied from (the student's initial weights)
-    if labels_only and not any(f["label"] is not None for f in features):
-        raise ValueError(f"{train_file}: no labelled example to train on the labels alone")
     teacher_dev = None
     if dev is not None:
         teacher_dev = metrics_fn("dev", logits_to_predictions(np.asarray(dev_logits), regression),
