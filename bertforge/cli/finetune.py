@@ -88,7 +88,7 @@ def _arguments(args: argparse.Namespace, epochs: float | None = None) -> Finetun
     if epochs is None:
         epochs = getattr(args, "recipe_epochs", None)
     if args.max_steps is not None and args.epochs is not None:
-        print(f"bertforge finetune: note: --max-steps {args.max_steps} wins over --epochs {args.epochs:g}: "
+        print(f"bertforge {getattr(args, 'command', 'finetune')}: note: --max-steps {args.max_steps} wins over --epochs {args.epochs:g}: "
               f"training runs {args.max_steps} steps", file=sys.stderr)
     if args.epochs is not None or epochs is None:
         return settings_from_args(FinetuneArguments, args)  # --epochs, or the settings' default

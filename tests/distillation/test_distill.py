@@ -24,6 +24,7 @@ from bertforge.distillation import classify as classify_distiller
 from bertforge.modeling import BertConfig, BertForSequenceClassification
 from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneArguments, finetune
+from bertforge.training.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -349,13 +350,29 @@ def test_distill_end_to_end_on_sst2_rows(sst2, sst2_teacher, tmp_path, capsys, m
     assert json.loads((tmp_path / "student2" / "config.json").read_text())["num_hidden_layers"] == 1
 
 
-def test_distill_a_regression_teacher_without_a_dev_file(encoder, tmp_path, capsys):
+def test_distill_a_regression_teacher_without_a_dev_file(encoder, tmp_path, capsys, monkeypatch):
     teacher = make_teacher(encoder, tmp_path / "teacher", regression=True)
     rows = [(text, f"{float(label) * 4:.1f}") for text, label in sentences(32, 3)]
     train = write_classify(tmp_path / "train.csv", rows, unlabelled=8)
     out = tmp_path / "student"
-    assert main(["distill", "--teacher", str(teacher), "--output-dir", str(out), "--train-file", str(train),
-                 "--epochs", "1", "--batch-size", "8", "--no-progress"]) == 0
+    command = ["distill", "--teacher", str(teacher), "--output-dir", str(out), "--train-file", str(train),
+               "--epochs", "2", "--batch-size", "8", "--no-progress", "--save-every", "4"]
+    save = Trainer.save
+
+    def save_then_die(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        if self.step == 4:
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(Trainer, "save", save_then_die)
+    with pytest.raises(RuntimeError, match="killed"):  # a run killed just after its checkpoint of step 4
+        main(command + ["--log-every", "1"])
+    monkeypatch.setattr(Trainer, "save", save)
+    # --resume continues it from step 4 to the 8 steps of 2 epochs, reading the teacher's outputs back
+    monkeypatch.setattr(classify_distiller, "teacher_logits", lambda *a, **k: pytest.fail("teacher recomputed"))
+    assert main(command + ["--resume", "--log-every", "1"]) == 0
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log if "loss" in r] == list(range(1, 9))
     results = json.loads((out / "eval_results.json").read_text())
     assert set(results["metrics"]) == {"teacher_mse"} and results["metrics"]["teacher_mse"] >= 0
     config = json.loads((out / "config.json").read_text())
