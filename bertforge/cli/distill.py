@@ -46,8 +46,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "(0: soft targets only)")
     p.add_argument("--labels-only", action="store_true", help="the control: the same student trained on the labels "
                    "alone (no soft targets), to measure what distillation adds")
-    p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: TEACHER/teacher_outputs, "
-                   "or OUT/teacher_outputs for a read-only teacher)")
+    p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
+                   "one directory for several students of one teacher to compute them once)")
     _add_finetune_flags(p, lr=RECIPE["lr"], batch_size=RECIPE["batch_size"], max_seq_length=None, model=False)
     p.set_defaults(func=run, check=check, recipe_epochs=RECIPE["epochs"])
 

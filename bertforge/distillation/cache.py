@@ -32,7 +32,7 @@ logger = logging.getLogger("bertforge")
 
 __all__ = ["CACHE_DIR", "cache_key", "default_cache_dir", "file_digest", "teacher_outputs"]
 
-CACHE_DIR = "teacher_outputs"  # under the teacher's directory (else the student's OUT)
+CACHE_DIR = "teacher_outputs"  # under the student's OUT, unless --cache-dir says where
 META = "meta.json"
 
 
@@ -60,12 +60,9 @@ def cache_key(teacher_dir: str | os.PathLike, features: Sequence[Mapping[str, An
 
 
 def default_cache_dir(teacher_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
-    """TEACHER/teacher_outputs when the teacher's directory is writable (every student of that teacher shares
-    it), else OUT/teacher_outputs: a read-only teacher, or a Hub snapshot (the Hub's cache is not ours to add to)."""
-    teacher_dir = Path(teacher_dir).resolve()
-    in_hub_cache = "snapshots" in teacher_dir.parts and any(p.startswith("models--") for p in teacher_dir.parts)
-    if os.access(teacher_dir, os.W_OK) and not in_hub_cache and not (teacher_dir / CACHE_DIR).is_symlink():
-        return teacher_dir / CACHE_DIR
+    """OUT/teacher_outputs: the teacher's directory is the user's input and is never written to (a Hub
+    snapshot or a read-only mount included). `--cache-dir` names a shared place instead, so that several
+    students of one teacher compute its outputs once."""
     return Path(output_dir) / CACHE_DIR
 
 

@@ -255,13 +255,15 @@ def test_the_teacher_cache_is_read_back_not_recomputed(teacher, tmp_path, monkey
 
     first = task("a")
     assert calls == [24, 8]  # the transfer set and the dev file, once each
-    stored = sorted((teacher / "teacher_outputs").iterdir())  # the teacher's directory is writable: kept there
+    stored = sorted((tmp_path / "a" / "teacher_outputs").iterdir())  # under the student's OUT by default
     assert len(stored) == 2 and all((d / "logits.npy").is_file() for d in stored)
-    hub = tmp_path / "hub" / "models--org--name" / "snapshots" / "abc"  # never added to the Hub's cache
-    hub.mkdir(parents=True)
-    assert cache_module.default_cache_dir(hub, tmp_path / "o") == tmp_path / "o" / "teacher_outputs"
-    second = task("b")
-    assert calls == [24, 8]  # read back, not recomputed
+    assert not (teacher / "teacher_outputs").exists()  # the teacher's directory is never written to
+    task("a")  # the same OUT again (as --resume): read back
+    assert calls == [24, 8]
+    first = task("a2", cache_dir=tmp_path / "shared")  # a cache shared by several students: --cache-dir
+    assert calls == [24, 8, 24, 8]
+    second = task("b", cache_dir=tmp_path / "shared")
+    assert calls == [24, 8, 24, 8]  # read back, not recomputed
     rows = [first.train_features[:5]]
     assert torch.equal(first.collate(*rows)["teacher_logits"], second.collate(*rows)["teacher_logits"])
     logits = second.collate(*rows)["teacher_logits"]
@@ -269,8 +271,8 @@ def test_the_teacher_cache_is_read_back_not_recomputed(teacher, tmp_path, monkey
     expected = classify_distiller.predict_features(model, first.train_features[:5], pad_token_id=0)
     np.testing.assert_allclose(logits.numpy(), expected, rtol=1e-5, atol=1e-6)
     # other inputs (a shorter --max-seq-length) are another key: computed again
-    task("c", max_seq_length=4)
-    assert calls == [24, 8, 24, 8]
+    task("c", max_seq_length=4, cache_dir=tmp_path / "shared")
+    assert calls == [24, 8, 24, 8, 24, 8]
     # the store: memory-mapped read-only, a half-written directory is never read
     arrays = cache_module.teacher_outputs(tmp_path / "store", "k", lambda: {"x": np.arange(6.0).reshape(3, 2)}, rows=3)
     assert isinstance(arrays["x"], np.memmap) and not arrays["x"].flags.writeable
@@ -279,7 +281,6 @@ def test_the_teacher_cache_is_read_back_not_recomputed(teacher, tmp_path, monkey
     (tmp_path / "store" / "k" / "meta.json").unlink()  # as if killed before the directory was finished
     redone = cache_module.teacher_outputs(tmp_path / "store", "k", lambda: {"x": np.ones((3, 2))}, rows=3)
     assert redone["x"].tolist() == [[1, 1]] * 3
-    shutil.rmtree(teacher / "teacher_outputs")
 
 
 # ---------------------------------------------------------------------------- the command end to end
@@ -315,7 +316,7 @@ def test_distill_end_to_end_on_sst2_rows(sst2, sst2_teacher, tmp_path, capsys, m
     command = ["distill", "--teacher", str(sst2_teacher), "--output-dir", str(student), "--layers", "2",
                "--train-file", str(sst2 / "train.tsv"), "--dev-file", str(sst2 / "dev.tsv"),
                "--unlabeled", str(tmp_path / "text" / "*.txt"), "--epochs", "1", "--batch-size", "16",
-               "--max-seq-length", "32", "--no-progress"]
+               "--max-seq-length", "32", "--no-progress", "--cache-dir", str(tmp_path / "teacher-cache")]
     assert main(command) == 0
     assert "sst2: best at epoch" in capsys.readouterr().out
     config = json.loads((student / "config.json").read_text())
@@ -342,7 +343,7 @@ def test_distill_end_to_end_on_sst2_rows(sst2, sst2_teacher, tmp_path, capsys, m
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, peer(ids).logits, atol=1e-5, rtol=0)
     assert peer.config.num_hidden_layers == 2
-    # a second student of the same teacher reads the teacher's outputs back
+    # a second student of the same teacher reads the teacher's outputs back from the shared --cache-dir
     monkeypatch.setattr(classify_distiller, "teacher_logits", lambda *a, **k: pytest.fail("teacher recomputed"))
     command[command.index(str(student))] = str(tmp_path / "student2")
     command[command.index("--layers") + 1] = "1"
