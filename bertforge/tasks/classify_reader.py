@@ -165,7 +165,9 @@ def _records_delimited(path: Path, delimiter: str):
         yield start, dict(zip(header, row))
 
 
-def _records_jsonl(path: Path):
+def jsonl_records(path: Path, keys: str) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file; a line that is not a JSON object is an
+    error naming the file, the line and `keys` (the keys a record should have, as the message says them)."""
     with io.StringIO(read_text(path), newline=None) as handle:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
@@ -175,11 +177,16 @@ def _records_jsonl(path: Path):
             except json.JSONDecodeError as error:
                 raise ValueError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object with keys text, optional text_pair, "
-                                 f"label; got {type(record).__name__}")
-            if "text" not in record:
-                raise ValueError(f"{path}:{number}: no 'text' key (found: {names_shown(record) or 'none'})")
+                raise ValueError(f"{path}:{number}: expected a JSON object with keys {keys}; "
+                                 f"got {type(record).__name__}")
             yield number, record
+
+
+def _records_jsonl(path: Path):
+    for number, record in jsonl_records(path, "text, optional text_pair, label"):
+        if "text" not in record:
+            raise ValueError(f"{path}:{number}: no 'text' key (found: {names_shown(record) or 'none'})")
+        yield number, record
 
 
 def read_classify_file(path: str | os.PathLike, regression: bool = False, *,

@@ -18,7 +18,6 @@ a row with no text, and a training file in which every row has exactly one label
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .._files import read_text
-from .classify_reader import CLASSIFY_EXTENSIONS, names_shown, read_delimited_rows, sort_labels
+from .classify_reader import CLASSIFY_EXTENSIONS, jsonl_records, names_shown, read_delimited_rows, sort_labels
 
 __all__ = ["LABEL_SEPARATOR", "MultiLabelExample", "read_label_names", "read_multi_label_file"]
 
@@ -158,7 +157,7 @@ def _label_names(raw: Any, where: str) -> list[str] | None:
 def _rows_by_name(path: Path, kind: str, require_labels: bool) -> Iterator[tuple]:
     """(line, text, text pair, label names or None) per row of a CSV/TSV with a header, or of JSON lines."""
     if kind == "jsonl":
-        records = _jsonl_records(path)
+        records = jsonl_records(path, "text, labels")
     else:
         rows = read_delimited_rows(path, "," if kind == "csv" else "\t")
         _, header = next(rows)
@@ -181,21 +180,6 @@ def _rows_by_name(path: Path, kind: str, require_labels: bool) -> Iterator[tuple
             raise ValueError(f"{where}: {what} (the names of the row's labels, a list or separated by "
                              f"'{LABEL_SEPARATOR}')")
         yield number, text, pair, _label_names(raw, where)
-
-
-def _jsonl_records(path: Path) -> Iterator[tuple[int, dict]]:
-    with io.StringIO(read_text(path), newline=None) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object with keys text, labels; "
-                                 f"got {type(record).__name__}")
-            yield number, record
 
 
 def read_multi_label_file(path: str | os.PathLike, *, label_list: Sequence[str] | None = None,
