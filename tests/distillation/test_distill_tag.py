@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -74,9 +75,9 @@ def teacher(tmp_path_factory, save_tiny_checkpoint) -> Path:
     encoder = save_tiny_checkpoint(tmp_path_factory.mktemp("encoder"), WORDS, num_hidden_layers=4,
                                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(1)
-    model = BertForTokenClassification.from_pretrained(encoder, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
-                                                       finetuning_task="ner", ner_document_context=False,
-                                                       ner_max_seq_length=32)
+    model = BertForTokenClassification.from_pretrained(
+        encoder, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), finetuning_task="ner",
+        ner_document_context=False, ner_max_seq_length=32)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("dense.weight") or name.startswith("classifier."):
@@ -220,6 +221,15 @@ def test_a_tag_the_teacher_never_learned_is_one_line_naming_the_file_and_line(te
     assert err == (f"bertforge distill: error: {files['dev']}:3: tag 'B-MISC' is not one of the labels of --teacher "
                    f"{teacher} (O B-LOC B-PER I-PER): the teacher never learned to predict it")
     assert not (tmp_path / "out" / "teacher_outputs").exists()  # refused before the teacher ran
+    # a feature-based tagger (`finetune ner --feature-based`: a BiLSTM over frozen features) is no teacher
+    bilstm = tmp_path / "bilstm"
+    shutil.copytree(teacher, bilstm)
+    config = json.loads((bilstm / "config.json").read_text())
+    (bilstm / "config.json").write_text(json.dumps({**config, "feature_based": {"features": "last"}}))
+    assert main(["distill", "--teacher", str(bilstm), "--output-dir", str(tmp_path / "out"), "--train-file",
+                 str(files["train"]), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"bertforge distill: error: --teacher {bilstm}: a feature-based tagger") and "\n" not in err
 
 
 # ---------------------------------------------------------------------------- the command end to end
