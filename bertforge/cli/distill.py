@@ -4,7 +4,7 @@ The teacher's checkpoint names the task (its family, labels and data format, thr
 registry); the student is the teacher with fewer layers (--layers N, DistilBERT's initialisation), a
 preset size, or a checkpoint with the teacher's vocabulary (--student). The shared fine-tuning flags
 (--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are `finetune`'s, at the recipe of the
-teacher's family (`DISTILLERS[family].recipe`: classify's lr 5e-5, batch 32; tag's lr 5e-5, batch 16).
+teacher's family (`DISTILLERS[family].recipe`, filled in by `check` for the flags not given).
 """
 
 from __future__ import annotations
@@ -20,8 +20,6 @@ from ..modeling.pretrained import resolve_model_dir
 from ..training import finetune as engine  # engine.finetune_grid: looked up per run, as `finetune` does
 from ._common import expand, report_finetune
 from .finetune import _add_finetune_flags, _arguments, _grid
-
-# The shared flags' defaults are the teacher's family's (its Distiller's recipe), filled in by `check`.
 
 
 def register(commands: argparse._SubParsersAction) -> None:
