@@ -3,8 +3,8 @@
 The teacher's checkpoint names the task (its family, labels and data format, through the task
 registry); the student is the teacher with fewer layers (--layers N, DistilBERT's initialisation), a
 preset size, or a checkpoint with the teacher's vocabulary (--student). The shared fine-tuning flags
-(--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are `finetune`'s, at the distiller's
-recipe.
+(--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are `finetune`'s, at the recipe of the
+teacher's family (`DISTILLERS[family].recipe`, filled in by `check` for the flags not given).
 """
 
 from __future__ import annotations
@@ -13,15 +13,13 @@ import argparse
 import math
 from pathlib import Path
 
-from ..distillation import DISTILLERS, distill_task
+from ..distillation import distill_task
 from ..distillation.run import check_teacher
 from ..distillation.student import check_student
 from ..modeling.pretrained import resolve_model_dir
 from ..training import finetune as engine  # engine.finetune_grid: looked up per run, as `finetune` does
 from ._common import expand, report_finetune
 from .finetune import _add_finetune_flags, _arguments, _grid
-
-RECIPE = DISTILLERS["classify"].recipe  # every family distilled so far shares it
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -35,11 +33,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     student.add_argument("--student", help="the student: a preset (tiny, mini, small, medium, base, large: random "
                          "weights) or a checkpoint directory with the teacher's vocabulary")
     p.add_argument("--train-file", required=True, help="the teacher's training data (its format: a GLUE task's "
-                   "TSV, or CSV/TSV/JSONL with text, [text_pair], [label]); rows without a label are transfer-only")
+                   "TSV, or CSV/TSV/JSONL with text, [text_pair], [label]; a tagger's: CoNLL columns); rows "
+                   "without a label are transfer-only")
     p.add_argument("--dev-file", help="selects the best student (default: its agreement with the teacher on "
                    "--train-file)")
     p.add_argument("--unlabeled", action="append", default=[], metavar="GLOB",
-                   help="more transfer text: one text per line (text<TAB>text_pair for a pair); repeatable")
+                   help="more transfer text: one text per line (text<TAB>text_pair for a pair; a tagger: one "
+                   "sentence per line, words split on whitespace); repeatable")
     p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the soft targets "
                    "(the KL term is scaled by T^2)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the hard-label loss on labelled examples "
@@ -48,8 +48,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "alone (no soft targets), to measure what distillation adds")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
                    "one directory for several students of one teacher to compute them once)")
-    _add_finetune_flags(p, lr=RECIPE["lr"], batch_size=RECIPE["batch_size"], max_seq_length=None, model=False)
-    p.set_defaults(func=run, check=check, recipe_epochs=RECIPE["epochs"])
+    _add_finetune_flags(p, lr=None, batch_size=None, max_seq_length=None, model=False)
+    p.set_defaults(func=run, check=check)
 
 
 def check(args: argparse.Namespace) -> None:
@@ -61,10 +61,14 @@ def check(args: argparse.Namespace) -> None:
     args.teacher = str(resolve_model_dir(args.teacher))
     if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
         raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
-    _, _, config = check_teacher(args.teacher)
+    _, distiller, config = check_teacher(args.teacher)
     check_student(args.teacher, config, args.layers, args.student)
+    recipe = distiller.recipe  # the teacher's family's defaults for the flags not given
+    args.lr = args.lr if args.lr is not None else recipe["lr"]
+    args.batch_size = args.batch_size if args.batch_size is not None else recipe["batch_size"]
+    args.recipe_epochs = recipe["epochs"]
     if args.max_seq_length is None:  # the recipe's, or fewer for a teacher with fewer positions
-        args.max_seq_length = min(RECIPE["max_seq_length"], config.max_position_embeddings)
+        args.max_seq_length = min(recipe["max_seq_length"], config.max_position_embeddings)
     if args.max_seq_length > config.max_position_embeddings:
         raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds the {config.max_position_embeddings} "
                          f"positions of {args.teacher}")

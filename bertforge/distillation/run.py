@@ -22,7 +22,7 @@ from ..modeling import BertConfig
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
-from . import classify
+from . import classify, tag
 from .student import check_student
 
 __all__ = ["DISTILLERS", "Distiller", "check_teacher", "distill", "distill_task"]
@@ -48,6 +48,9 @@ class Distiller:
 DISTILLERS: dict[str, Distiller] = {
     "classify": Distiller(("classifier.weight", "classifier.bias"), classify.classify_distill_task,
                           dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0)),
+    # `bertforge finetune ner`'s recipe (the tag family's FinetuneCommand and ner_from_args)
+    "tag": Distiller(("classifier.weight", "classifier.bias"), tag.tag_distill_task,
+                     dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0)),
 }
 
 
