@@ -2,9 +2,11 @@
 
 The teacher's checkpoint names the task (its family, labels and data format, through the task
 registry); the student is the teacher with fewer layers (--layers N, DistilBERT's initialisation), a
-preset size, or a checkpoint with the teacher's vocabulary (--student). The shared fine-tuning flags
-(--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are `finetune`'s, at the recipe of the
-teacher's family (`DISTILLERS[family].recipe`, filled in by `check` for the flags not given).
+preset size, or a checkpoint with the teacher's vocabulary (--student; its own with --student-vocab).
+--intermediate adds TinyBERT's hidden-state / attention-map terms (`distillation.intermediate`). The
+shared fine-tuning flags (--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are
+`finetune`'s, at the recipe of the teacher's family (`DISTILLERS[family].recipe`, filled in by `check`
+for the flags not given).
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ import math
 from pathlib import Path
 
 from ..distillation import distill_task
-from ..distillation.run import check_teacher
-from ..distillation.student import check_student
+from ..distillation.run import check_options, check_teacher
 from ..modeling.pretrained import resolve_model_dir
 from ..training import finetune as engine  # engine.finetune_grid: looked up per run, as `finetune` does
 from ._common import expand, report_finetune
@@ -46,6 +47,14 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "(0: soft targets only)")
     p.add_argument("--labels-only", action="store_true", help="the control: the same student trained on the labels "
                    "alone (no soft targets), to measure what distillation adds")
+    p.add_argument("--intermediate", metavar="KINDS", help="TinyBERT's intermediate-layer transfer too: hidden, "
+                   "attention or hidden,attention (the teacher then runs beside the student on each batch)")
+    p.add_argument("--layer-map", metavar="M0,M1,...", help="with --intermediate: the teacher layer (0-based) of "
+                   "each student layer (default: the layers a --layers student started from, else TinyBERT's "
+                   "uniform map)")
+    p.add_argument("--intermediate-weight", type=float, default=1.0, help="weight of the --intermediate terms")
+    p.add_argument("--student-vocab", action="store_true", help="a --student checkpoint with its own vocabulary: "
+                   "it reads its own tokenization of each example (classify teachers: sentence-level outputs)")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
                    "one directory for several students of one teacher to compute them once)")
     _add_finetune_flags(p, lr=None, batch_size=None, max_seq_length=None, model=False)
@@ -61,8 +70,13 @@ def check(args: argparse.Namespace) -> None:
     args.teacher = str(resolve_model_dir(args.teacher))
     if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
         raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
-    _, distiller, config = check_teacher(args.teacher)
-    check_student(args.teacher, config, args.layers, args.student)
+    if not (math.isfinite(args.intermediate_weight) and args.intermediate_weight >= 0):
+        raise ValueError(f"--intermediate-weight must be 0 or more, got {args.intermediate_weight:g}")
+    if args.labels_only and args.intermediate is not None:
+        raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
+    family, distiller, config = check_teacher(args.teacher)
+    check_options(args.teacher, family, config, args.layers, args.student, intermediate=args.intermediate,
+                  layer_map=args.layer_map, student_vocab=args.student_vocab)
     recipe = distiller.recipe  # the teacher's family's defaults for the flags not given
     args.lr = args.lr if args.lr is not None else recipe["lr"]
     args.batch_size = args.batch_size if args.batch_size is not None else recipe["batch_size"]
@@ -78,11 +92,22 @@ def check(args: argparse.Namespace) -> None:
     args.unlabeled_files = expand(args.unlabeled)
 
 
+def _transfer_options(args: argparse.Namespace) -> dict:
+    """--intermediate, --layer-map, --intermediate-weight and --student-vocab, where given."""
+    options = {}
+    if args.intermediate is not None:
+        options.update(intermediate=args.intermediate, layer_map=args.layer_map,
+                       intermediate_weight=args.intermediate_weight)
+    if args.student_vocab:
+        options["student_vocab"] = True
+    return options
+
+
 def run(args: argparse.Namespace) -> None:
     task = distill_task(args.teacher, args.train_file, output_dir=args.output_dir, layers=args.layers,
                         student=args.student, dev_file=args.dev_file, unlabeled=args.unlabeled_files,
                         temperature=args.temperature, alpha=args.alpha, max_seq_length=args.max_seq_length,
                         eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir, labels_only=args.labels_only,
-                        device=args.device)
+                        device=args.device, **_transfer_options(args))
     results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)

@@ -11,6 +11,12 @@ a mean over its own rows, which the Trainer weights across micro-batches and pro
 * `label_loss`: alpha × the cross-entropy (regression: squared error) against the label, over the
   examples that have one.
 
+With `intermediate` (TinyBERT's intermediate-layer transfer, `intermediate.py`), the teacher also runs on
+each batch and `hidden_loss` / `attention_loss` are added, each × `intermediate_weight`. With
+`student_vocab`, a student checkpoint with its own vocabulary reads its own tokenization of each
+example while the teacher's logits are computed on the teacher's (a sentence-level output does not
+depend on how the text is split).
+
 `labels_only=True` is the control the distilled student is compared with: the same student, data and
 engine, trained on the labels alone (`label_loss` with weight 1, no soft targets).
 
@@ -26,14 +32,16 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
 from .._files import read_text, write_text_atomic
 from ..metrics.glue import glue_metrics, main_metric
 from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
+from ..modeling.pretrained import resolve_model_dir
 from ..tasks.classification import classification_task, classify_metrics, logits_to_predictions, predict_features
 from ..tasks.classify_features import convert_examples_to_features, pad_batch
 from ..tasks.classify_reader import InputExample
@@ -41,6 +49,7 @@ from ..tasks.glue_data import TaskSpec, get_task, read_glue_file
 from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
 from .cache import cache_key, default_cache_dir, teacher_outputs
+from .intermediate import IntermediateTransfer, WithTransfer, intermediate_losses
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
 from .student import build_student
 
@@ -72,13 +81,23 @@ def _glue_spec(task_name: str) -> TaskSpec | None:
         return None
 
 
-def distillation_step(temperature: float, alpha: float, regression: bool, labels_only: bool = False):
+def distillation_step(temperature: float, alpha: float, regression: bool, labels_only: bool = False,
+                      intermediate: Callable[[], tuple[nn.Module, IntermediateTransfer]] | None = None,
+                      intermediate_weight: float = 1.0):
     """The `step_fn` of a classify student: {"distill_loss", "label_loss"} (see the module docstring) and
     the share of examples on which the student's label is the teacher's; `labels_only`: {"label_loss"}
-    alone, unweighted (the control)."""
+    alone, unweighted (the control). `intermediate()`: the teacher and the run's `IntermediateTransfer`;
+    the teacher then runs on the batch too and `intermediate_weight` × its terms ("hidden_loss",
+    "attention_loss") are added."""
     def step(model, batch: dict[str, torch.Tensor]):
-        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"])
+        transfer = teacher_model = None
+        if intermediate is not None:
+            teacher_model, transfer = intermediate()
+        hidden, attention = (transfer is not None and "hidden" in transfer.kinds,
+                             transfer is not None and "attention" in transfer.kinds)
+        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                      attention_mask=batch["attention_mask"])
+        out = model(**inputs, output_hidden_states=hidden, output_attentions=attention)
         logits, teacher, mask = out.logits, batch["teacher_logits"], batch["label_mask"]
         metrics = {}
         if regression:
@@ -91,13 +110,25 @@ def distillation_step(temperature: float, alpha: float, regression: bool, labels
                 metrics["teacher_agreement"] = ((logits.argmax(-1) == teacher.argmax(-1)).sum(), len(teacher))
         if labels_only:
             return {"label_loss": hard}, metrics
-        return {"distill_loss": soft, "label_loss": alpha * hard}, metrics
+        losses = {"distill_loss": soft, "label_loss": alpha * hard}
+        if transfer is not None:
+            if next(teacher_model.parameters()).device != batch["input_ids"].device:
+                teacher_model.to(batch["input_ids"].device)
+            # no torch.no_grad(): the teacher's weights require no gradient (so no graph is kept), and with
+            # autograd on it runs the reference plan, whose hidden states are never buffers reused in place
+            theirs = teacher_model(**inputs, output_hidden_states=hidden, output_attentions=attention)
+            for name, value in intermediate_losses(transfer, out, theirs, batch["attention_mask"]).items():
+                losses[name] = intermediate_weight * value
+        return losses, metrics
     return step
 
 
 def distillation_count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Rows behind each term's mean: every example for the soft targets, the labelled ones for the labels."""
-    return {"distill_loss": float(len(batch["input_ids"])), "label_loss": float(batch["label_mask"].sum())}
+    """Units behind each term's mean: every example for the soft targets, the labelled ones for the labels;
+    the real tokens for the hidden states, the (real query, real key) pairs for the attention maps."""
+    lengths = batch["attention_mask"].sum(-1).double()
+    return {"distill_loss": float(len(batch["input_ids"])), "label_loss": float(batch["label_mask"].sum()),
+            "hidden_loss": float(lengths.sum()), "attention_loss": float(lengths.pow(2).sum())}
 
 
 def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
@@ -116,11 +147,20 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                           student: str | None = None, temperature: float = 2.0, alpha: float = 0.5,
                           max_seq_length: int = 128, eval_batch_size: int = 128,
                           cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
-                          device: str | None = None) -> FinetuneTask:
+                          device: str | None = None, intermediate: Sequence[str] = (),
+                          layer_map: Sequence[int] | None = None, intermediate_weight: float = 1.0,
+                          student_vocab: bool = False) -> FinetuneTask:
     """The `FinetuneTask` that distils the classifier in `teacher_dir` into a student (see
     `student.build_student` for `layers` / `student`); the teacher's logits are computed on `device`
     (default: the GPU if there is one) and cached in `cache_dir` (default: `cache.default_cache_dir`).
-    `labels_only`: the control, trained on the labels alone (see the module docstring)."""
+    `labels_only`: the control, trained on the labels alone (see the module docstring).
+    `intermediate` ("hidden", "attention"), `layer_map`, `intermediate_weight`: TinyBERT's intermediate
+    terms (`intermediate`; the run's checks are `run.check_options`'). `student_vocab`: the `student`
+    checkpoint has its own vocabulary: its features are its tokenizer's, the teacher's cached logits the
+    teacher's tokenizer's, matched example by example (a sentence's label does not depend on how it is
+    split into tokens)."""
+    if labels_only and intermediate:
+        raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     teacher_dir = Path(teacher_dir)
     config = BertConfig.from_pretrained(teacher_dir)
     task_name = config.extra.get("finetuning_task") or "classify"
@@ -147,11 +187,20 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
 
     main = (main_metric(spec.name) if spec is not None else "pearson" if regression else "accuracy") \
         if dev is not None else ("teacher_mse" if regression else "teacher_agreement")
-    base = classification_task(task_name, teacher_dir, transfer, {"dev": dev} if dev is not None else {}, label_list,
-                               metrics_fn=metrics_fn, main_metric=main, max_seq_length=max_seq_length,
-                               eval_batch_size=eval_batch_size)
+    dev_sets = {"dev": dev} if dev is not None else {}
+    base = classification_task(task_name, teacher_dir, transfer, dev_sets, label_list, metrics_fn=metrics_fn,
+                               main_metric=main, max_seq_length=max_seq_length, eval_batch_size=eval_batch_size)
+    teacher_base = base
+    if student_vocab:  # the teacher's outputs on its own tokens; the student trained and judged on its own
+        # (truncation: one feature per example in both, in the examples' order)
+        base = classification_task(task_name, resolve_model_dir(student), transfer, dev_sets, label_list,
+                                   metrics_fn=metrics_fn, main_metric=main, max_seq_length=max_seq_length,
+                                   eval_batch_size=eval_batch_size)
     tokenizer, pad_id = base.tokenizer, base.tokenizer.vocab.get("[PAD]", 0)
+    teacher_pad_id = teacher_base.tokenizer.vocab.get("[PAD]", 0)
     features = [{**f, "index": i} for i, f in enumerate(base.train_features)]
+    teacher_features = features if teacher_base is base else \
+        [{**f, "index": i} for i, f in enumerate(teacher_base.train_features)]
     if labels_only and not any(f["label"] is not None for f in features):
         raise ValueError(f"{train_file}: no labelled example to train on the labels alone")
 
@@ -161,14 +210,17 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     def outputs_of(rows: list[dict]) -> np.ndarray:
         key = cache_key(teacher_dir, rows, "classify logits")
         def compute() -> dict[str, np.ndarray]:
-            return {"logits": teacher_logits(teacher, rows, eval_batch_size, pad_id)}
+            return {"logits": teacher_logits(teacher, rows, eval_batch_size, teacher_pad_id)}
         return teacher_outputs(cache_dir, key, compute, rows=len(rows))["logits"]
 
     teacher.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    logits = outputs_of(features)
+    logits = outputs_of(teacher_features)
     dev_features = convert_examples_to_features(dev, tokenizer, label_list, max_seq_length) if dev else []
-    dev_logits = outputs_of(dev_features) if dev else None
-    teacher.to("cpu")  # from here on only copied from (the student's initial weights)
+    teacher_dev_features = dev_features if teacher_base is base else \
+        convert_examples_to_features(dev, teacher_base.tokenizer, label_list, max_seq_length) if dev else []
+    dev_logits = outputs_of(teacher_dev_features) if dev else None
+    teacher.to("cpu")  # from here on copied from (the student's initial weights); with --intermediate it runs
+    # beside the student on each batch too (the step puts it on the training device)
     teacher_dev = None
     if dev is not None:
         teacher_dev = metrics_fn("dev", logits_to_predictions(np.asarray(dev_logits), regression),
@@ -179,7 +231,13 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
 
     def build_model():
         model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=overrides)
-        return model
+        if not intermediate:
+            return model
+        made["transfer"] = IntermediateTransfer(model.config, config, intermediate, layer_map)
+        return WithTransfer(model, made["transfer"])  # saved and evaluated as the student alone
+
+    if intermediate:
+        teacher.requires_grad_(False)  # it runs beside the student on every batch, never trained
 
     train_rows = range(len(train))  # the training file's examples come first in the transfer set
 
@@ -204,12 +262,20 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                 "transfer_examples": len(transfer), "labelled_examples": sum(f["label"] is not None for f in features),
                 "unlabeled_examples": len(extra), "teacher_outputs": str(cache_dir),
                 "teacher_dev_metrics": teacher_dev}
+        if intermediate:
+            info.update(intermediate=list(intermediate), layer_map=list(layer_map),
+                        intermediate_weight=intermediate_weight)
+        if student_vocab:
+            info["student_vocab"] = str(Path(resolve_model_dir(student)) / "vocab.txt")
         write_text_atomic(directory / DISTILL_INFO, json.dumps(info, indent=2) + "\n")
 
     return FinetuneTask(
         name=task_name, build_model=build_model, tokenizer=tokenizer, train_features=features,
         collate=lambda rows: _collate(rows, logits, pad_id, regression),
-        step_fn=distillation_step(temperature, alpha, regression, labels_only), evaluate=evaluate, main_metric=main,
+        step_fn=distillation_step(temperature, alpha, regression, labels_only,
+                                  (lambda: (teacher, made["transfer"])) if intermediate else None,
+                                  intermediate_weight),
+        evaluate=evaluate, main_metric=main,
         greater_is_better=main != "teacher_mse", write_predictions=base.write_predictions if dev is not None else None,
         lengths=base.lengths, count_fn=distillation_count, extra_files=extra_files)
 

@@ -23,9 +23,10 @@ from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights
 from ..tasks.registry import TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
 from . import classify, tag
-from .student import check_student
+from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
+from .student import check_student, student_config
 
-__all__ = ["DISTILLERS", "Distiller", "check_teacher", "distill", "distill_task"]
+__all__ = ["DISTILLERS", "Distiller", "check_options", "check_teacher", "distill", "distill_task"]
 
 
 @dataclass(frozen=True)
@@ -78,15 +79,59 @@ def check_teacher(teacher_dir: str | os.PathLike) -> tuple[TaskFamily, Distiller
     return family, distiller, BertConfig.from_pretrained(directory)
 
 
+# The families that take --intermediate and --student-vocab (the classify family's task options).
+INTERMEDIATE_FAMILIES = ("classify",)
+STUDENT_VOCAB_FAMILIES = ("classify",)
+
+
+def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: BertConfig, layers: int | None,
+                  student: str | None, *, intermediate: str | None = None, layer_map: str | None = None,
+                  student_vocab: bool = False) -> None:
+    """The student and the options that depend on the family judged before anything loads (ValueError,
+    one line): `student.check_student`; --student-vocab only for sentence-level outputs (the classify
+    family: a per-token or span output would need an alignment between the two tokenizations);
+    --intermediate (its kinds, --layer-map, the attention heads) only for the classify family, and not
+    with --student-vocab (the two models' token positions differ)."""
+    check_student(teacher_dir, config, layers, student, student_vocab)
+    if student_vocab and family.name not in STUDENT_VOCAB_FAMILIES:
+        raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: its outputs are per token or span, and "
+                         "the two tokenizations would need an alignment (only sentence-level outputs: "
+                         f"{', '.join(STUDENT_VOCAB_FAMILIES)})")
+    if layer_map is not None and intermediate is None:
+        raise ValueError("--layer-map: give --intermediate hidden, attention or hidden,attention with it")
+    if intermediate is None:
+        return
+    if family.name not in INTERMEDIATE_FAMILIES:
+        raise ValueError(f"--intermediate: not supported for a {family.name!r} teacher yet (supported: "
+                         f"{', '.join(INTERMEDIATE_FAMILIES)})")
+    if student_vocab:
+        raise ValueError("--intermediate with --student-vocab: the two models' tokens differ, so their hidden "
+                         "states and attention maps do not pair position by position")
+    kinds = parse_intermediate(intermediate)
+    IntermediateTransfer(student_config(config, layers, student), config, kinds,
+                         layer_map_for(config, layers, student, layer_map))
+
+
 def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *, output_dir: str | os.PathLike,
-                 layers: int | None = None, student: str | None = None, **options: Any) -> FinetuneTask:
+                 layers: int | None = None, student: str | None = None, intermediate: str | None = None,
+                 layer_map: str | None = None, intermediate_weight: float = 1.0, student_vocab: bool = False,
+                 **options: Any) -> FinetuneTask:
     """The student's `FinetuneTask` for a teacher of any family in `DISTILLERS`; the teacher and the
-    student are checked first (`check_teacher`, `student.check_student`), before any data is read."""
+    student are checked first (`check_teacher`, `check_options`), before any data is read.
+    `intermediate` ("hidden", "attention" or "hidden,attention"), `layer_map` ("0,2,4"),
+    `intermediate_weight` and `student_vocab` are the classify family's (see `intermediate`, `classify`)."""
     teacher_dir = resolve_model_dir(teacher_dir)
     family, distiller, config = check_teacher(teacher_dir)
     if layers is not None and student is not None:
         raise ValueError("give --layers or --student, not both")
-    check_student(teacher_dir, config, layers, student)
+    check_options(teacher_dir, family, config, layers, student, intermediate=intermediate, layer_map=layer_map,
+                  student_vocab=student_vocab)
+    if intermediate is not None:
+        options.update(intermediate=parse_intermediate(intermediate),
+                       layer_map=layer_map_for(config, layers, student, layer_map),
+                       intermediate_weight=intermediate_weight)
+    if student_vocab:
+        options["student_vocab"] = True
     return distiller.task(family, teacher_dir, train_file, output_dir=output_dir, layers=layers, student=student,
                           **options)
 

@@ -9,7 +9,9 @@ head) is copied as it is, so the student starts as a shallower teacher.
 The student may instead be a preset size (`tiny` ... `large`: randomly initialised, the teacher's
 vocabulary; its embeddings are copied when their shapes match) or a checkpoint directory (a small
 pre-trained BERT, Turc et al.'s "well-read students"), which must share the teacher's vocabulary: token
-ids mean the same in both only then, and the teacher's outputs are computed on the teacher's ids.
+ids mean the same in both only then, and the teacher's outputs are computed on the teacher's ids. With
+--student-vocab a checkpoint with its own vocabulary is taken for a sentence-level task (classify): each
+example is tokenized twice, the teacher's logits on the teacher's ids, the student's features on its own.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from ..modeling import PRESETS, BertConfig
 from ..modeling.pretrained import check_pretrained, resolve_model_dir
 from ..tokenization import vocab_fingerprint
 
-__all__ = ["build_student", "check_student", "copy_layers", "student_layers"]
+__all__ = ["build_student", "check_student", "copy_layers", "student_config", "student_layers"]
 
 _LAYER = "encoder.layer."
 
@@ -55,9 +57,14 @@ def copy_layers(teacher: nn.Module, student: nn.Module, layer_map: Sequence[int]
 
 
 def check_student(teacher_dir: str | os.PathLike, teacher_config: BertConfig, layers: int | None,
-                  student: str | None) -> None:
+                  student: str | None, student_vocab: bool = False) -> None:
     """The choice of student judged before anything loads: --layers within the teacher's, a preset's name,
-    or a checkpoint that shares the teacher's vocabulary (ValueError, one line, naming the flag)."""
+    or a checkpoint that shares the teacher's vocabulary, or has its own with `student_vocab`
+    (--student-vocab: the student reads its own tokenization of each example) (ValueError, one line,
+    naming the flag)."""
+    if student_vocab and (student is None or student in PRESETS):
+        raise ValueError("--student-vocab: give --student DIR, a checkpoint with its own vocab.txt (a preset or "
+                         "--layers student uses the teacher's vocabulary)")
     if layers is not None:
         student_layers(teacher_config.num_hidden_layers, layers)
         return
@@ -71,9 +78,23 @@ def check_student(teacher_dir: str | os.PathLike, teacher_config: BertConfig, la
     ours, theirs = Path(directory) / "vocab.txt", Path(resolve_model_dir(teacher_dir)) / "vocab.txt"
     if not ours.is_file():
         raise FileNotFoundError(f"--student {student}: no vocab.txt (the student must share the teacher's vocabulary)")
-    if vocab_fingerprint(ours) != vocab_fingerprint(theirs):
-        raise ValueError(f"--student {student}: its vocabulary ({ours}) differs from the teacher's ({theirs}); a "
-                         "student must use the teacher's token ids")
+    if vocab_fingerprint(ours) != vocab_fingerprint(theirs) and not student_vocab:
+        raise ValueError(f"--student {student}: its vocabulary ({ours}) differs from the teacher's ({theirs}); pass "
+                         "--student-vocab to give the student its own tokenization of each example (classify "
+                         "teachers)")
+
+
+def student_config(teacher_config: BertConfig, layers: int | None, student: str | os.PathLike | None) -> BertConfig:
+    """The student's architecture (as `build_student` will make it) without building it: the teacher's with
+    `layers` (default: half, rounded up), a preset's shape, or a checkpoint's config.json."""
+    if student is None:
+        count = layers if layers is not None else (teacher_config.num_hidden_layers + 1) // 2
+        return BertConfig.from_dict({**teacher_config.to_dict(), "num_hidden_layers": count})
+    if str(student) in PRESETS:
+        count, hidden, heads = PRESETS[str(student)]
+        return BertConfig.from_dict({**teacher_config.to_dict(), "num_hidden_layers": count, "hidden_size": hidden,
+                                     "num_attention_heads": heads, "intermediate_size": 4 * hidden})
+    return BertConfig.from_pretrained(resolve_model_dir(student))
 
 
 def build_student(teacher: nn.Module, *, layers: int | None = None, student: str | os.PathLike | None = None,
