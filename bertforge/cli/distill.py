@@ -21,7 +21,7 @@ from ..training import finetune as engine  # engine.finetune_grid: looked up per
 from ._common import expand, report_finetune
 from .finetune import _add_finetune_flags, _arguments, _grid
 
-RECIPE = DISTILLERS["classify"].recipe  # every family distilled so far shares it
+RECIPE = DISTILLERS["classify"].recipe  # the parser's lr and epochs; check() sets each family's (Distiller.recipe_of)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -48,8 +48,16 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "alone (no soft targets), to measure what distillation adds")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
                    "one directory for several students of one teacher to compute them once)")
-    _add_finetune_flags(p, lr=RECIPE["lr"], batch_size=RECIPE["batch_size"], max_seq_length=None, model=False)
+    # the answer family's own flags (a SQuAD teacher): Distiller.options
+    p.add_argument("--version", choices=("1.1", "2.0"), help="a SQuAD teacher whose config.json does not say its "
+                   "version: 2.0 has unanswerable questions (default: the teacher's, else 1.1)")
+    p.add_argument("--doc-stride", type=int, help="a SQuAD teacher: tokens between the starts of passage windows "
+                   "(default: the teacher's, else 128)")
+    _add_finetune_flags(p, lr=RECIPE["lr"], batch_size=None, max_seq_length=None, model=False)
     p.set_defaults(func=run, check=check, recipe_epochs=RECIPE["epochs"])
+
+# Every family's own flags (their `dest`) with the flag's name: given for a teacher of another family, refused.
+FAMILY_FLAGS = {"version": "--version", "doc_stride": "--doc-stride"}
 
 
 def check(args: argparse.Namespace) -> None:
@@ -61,10 +69,18 @@ def check(args: argparse.Namespace) -> None:
     args.teacher = str(resolve_model_dir(args.teacher))
     if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
         raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
-    _, _, config = check_teacher(args.teacher)
+    family, distiller, config = check_teacher(args.teacher)
     check_student(args.teacher, config, args.layers, args.student)
+    for dest, flag in FAMILY_FLAGS.items():
+        if getattr(args, dest, None) is not None and dest not in distiller.options:
+            raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
+    args.family_options = {dest: getattr(args, dest, None) for dest in distiller.options}
+    recipe = distiller.recipe_of(config, args.family_options)  # the family's, per teacher (SQuAD: per version)
+    if args.batch_size is None:
+        args.batch_size = recipe["batch_size"]
+    args.recipe_epochs = recipe["epochs"]
     if args.max_seq_length is None:  # the recipe's, or fewer for a teacher with fewer positions
-        args.max_seq_length = min(RECIPE["max_seq_length"], config.max_position_embeddings)
+        args.max_seq_length = min(recipe["max_seq_length"], config.max_position_embeddings)
     if args.max_seq_length > config.max_position_embeddings:
         raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds the {config.max_position_embeddings} "
                          f"positions of {args.teacher}")
@@ -79,6 +95,6 @@ def run(args: argparse.Namespace) -> None:
                         student=args.student, dev_file=args.dev_file, unlabeled=args.unlabeled_files,
                         temperature=args.temperature, alpha=args.alpha, max_seq_length=args.max_seq_length,
                         eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir, labels_only=args.labels_only,
-                        device=args.device)
+                        device=args.device, **getattr(args, "family_options", {}))
     results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)
