@@ -111,7 +111,8 @@ def answer_step(temperature: float, alpha: float, labels_only: bool = False):
         teacher_start, teacher_end = _masked(batch["teacher_start"], valid), _masked(batch["teacher_end"], valid)
         hard = (hard_label_loss(start, batch["start_positions"]) + hard_label_loss(end, batch["end_positions"])) / 2
         with torch.no_grad():
-            agree = (start.argmax(-1) == teacher_start.argmax(-1)).sum() + (end.argmax(-1) == teacher_end.argmax(-1)).sum()
+            agree = ((start.argmax(-1) == teacher_start.argmax(-1)).sum()
+                     + (end.argmax(-1) == teacher_end.argmax(-1)).sum())
             metrics = {"teacher_agreement": (agree.float() / 2, len(valid))}  # windows: mean of start and end
         if labels_only:
             return {"label_loss": hard}, metrics

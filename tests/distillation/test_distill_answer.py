@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from bertforge import pipeline
+from bertforge.cli import distill as cli_distill
 from bertforge.cli import main
 from bertforge.distillation import answer as answer_distiller
 from bertforge.distillation import distill_task
-from bertforge.modeling import BertForQuestionAnswering
+from bertforge.modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
 from bertforge.tasks.squad import predict_logits
 from bertforge.tasks.squad_data import collate
 
@@ -93,6 +94,23 @@ def test_the_span_loss_on_a_hand_built_batch_equals_a_hand_computation():
         assert torch.all(grad[~mask] == 0) and torch.all(grad[mask] != 0)
     only, _ = answer_distiller.answer_step(T, alpha, labels_only=True)(model, batch)
     assert set(only) == {"label_loss"} and only["label_loss"].item() == pytest.approx(hard, rel=1e-6)
+
+
+def test_the_version_and_recipe_come_from_the_teacher():
+    def config(**extra) -> BertConfig:
+        return BertConfig.from_dict({**BertConfig(vocab_size=8).to_dict(), **extra})
+
+    v2 = config(finetuning_task="squad_v2", version_2_with_negative=True, squad={"max_seq_length": 256})
+    assert answer_distiller.teacher_version(v2) == "2.0"
+    assert answer_distiller.answer_recipe(v2, {}) == dict(lr=5e-5, batch_size=48, epochs=2.0, max_seq_length=256)
+    v1 = config(finetuning_task="squad")
+    assert answer_distiller.answer_recipe(v1, {"version": None}) == dict(lr=5e-5, batch_size=32, epochs=3.0,
+                                                                         max_seq_length=384)
+    with pytest.raises(ValueError, match="--version 2.0: the teacher was fine-tuned on SQuAD 1.1"):
+        answer_distiller.teacher_version(v1, "2.0")
+    silent = config(architectures=["BertForQuestionAnswering"])  # says nothing: --version, else 1.1
+    assert answer_distiller.teacher_version(silent) == "1.1"
+    assert answer_distiller.teacher_version(silent, "2.0") == "2.0"
 
 
 # ---------------------------------------------------------------------------- a tiny teacher on real questions
@@ -221,3 +239,63 @@ def test_errors_are_one_line_before_any_work(squad_files, squad_teacher, tmp_pat
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "s" / "teacher_outputs").exists()
+
+
+def test_the_answer_flags_are_refused_for_another_family(squad_teacher, tmp_path, capsys):
+    classify = tmp_path / "classify"
+    classify.mkdir()
+    (classify / "vocab.txt").write_bytes((squad_teacher / "vocab.txt").read_bytes())
+    BertForSequenceClassification.from_pretrained(squad_teacher, num_labels=2, finetuning_task="classify",
+                                                  problem_type="single_label_classification").save_pretrained(classify)
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\nthe school,1\n")
+    assert main(["distill", "--teacher", str(classify), "--output-dir", str(tmp_path / "s"), "--train-file",
+                 str(train), "--doc-stride", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "--doc-stride applies to another family's teacher" in err and "is a classify model" in err
+
+
+def test_a_squad_2_teacher_distils_with_its_version_and_recipe(shared_data, squad_teacher, tmp_path, capsys,
+                                                               monkeypatch):
+    """A v2.0 teacher (its config.json says so): unanswerable questions train towards [CLS], the dev file is
+    scored as v2.0 (null odds written), the student is a v2.0 model, and `finetune squad`'s v2.0 recipe
+    (batch 48, 2 epochs) is the default."""
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    for path in squad_teacher.iterdir():
+        if path.is_file():
+            (teacher / path.name).write_bytes(path.read_bytes())
+    config = json.loads((teacher / "config.json").read_text())
+    (teacher / "config.json").write_text(json.dumps({**config, "finetuning_task": "squad_v2",
+                                                     "version_2_with_negative": True}))
+    source = json.loads((shared_data / "squad/v2.0/train-v2.0.first10.json").read_text(encoding="utf-8"))
+    article = source["data"][4]
+    files = {}
+    for name, paragraphs in (("train", [1, 4]), ("dev", [6])):
+        data = {"version": "v2.0", "data": [{"title": article["title"],
+                                             "paragraphs": [article["paragraphs"][i] for i in paragraphs]}]}
+        files[name] = tmp_path / f"{name}.json"
+        files[name].write_text(json.dumps(data), encoding="utf-8")
+    seen = {}
+    real = cli_distill.engine.finetune_grid
+
+    def grid(task, args, *rest):
+        seen.update(batch_size=args.batch_size, epochs=args.epochs)
+        return real(task, args, *rest)
+
+    monkeypatch.setattr(cli_distill.engine, "finetune_grid", grid)
+    student = tmp_path / "student"
+    assert main(["distill", "--teacher", str(teacher), "--output-dir", str(student), "--layers", "1",
+                 "--train-file", str(files["train"]), "--dev-file", str(files["dev"]), "--max-steps", "1",
+                 "--no-progress"]) == 0
+    assert seen == {"batch_size": 48, "epochs": 2.0}
+    config = json.loads((student / "config.json").read_text())
+    assert config["finetuning_task"] == "squad_v2" and config["version_2_with_negative"] is True
+    metrics = json.loads((student / "eval_results.json").read_text())["metrics"]
+    assert {"f1", "HasAns_f1", "NoAns_f1", "teacher_agreement"} <= set(metrics)
+    assert (student / "null_odds.json").is_file()
+    assert json.loads((student / "distillation.json").read_text())["version"] == "2.0"
+    # the v1.1 teacher refuses this data, naming the question
+    assert main(["distill", "--teacher", str(squad_teacher), "--output-dir", str(tmp_path / "v1"), "--train-file",
+                 str(files["train"])]) == 2
+    assert "is unanswerable (is_impossible) but the teacher answers SQuAD 1.1" in capsys.readouterr().err
