@@ -35,7 +35,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     student.add_argument("--student", help="the student: a preset (tiny, mini, small, medium, base, large: random "
                          "weights) or a checkpoint directory with the teacher's vocabulary")
     p.add_argument("--train-file", required=True, help="the teacher's training data (its format: a GLUE task's "
-                   "TSV, or CSV/TSV/JSONL with text, [text_pair], [label]); rows without a label are transfer-only")
+                   "TSV, or CSV/TSV/JSONL with text, [text_pair], [label]; a SQuAD teacher's: SQuAD JSON); rows without a "
+                   "label are transfer-only")
     p.add_argument("--dev-file", help="selects the best student (default: its agreement with the teacher on "
                    "--train-file)")
     p.add_argument("--unlabeled", action="append", default=[], metavar="GLOB",

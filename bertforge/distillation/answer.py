@@ -30,6 +30,7 @@ on the training file's windows. The student is a normal `finetune squad` checkpo
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -50,6 +51,8 @@ from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
+
+logger = logging.getLogger("bertforge")
 
 __all__ = ["ANSWER_RECIPE", "answer_distill_task", "answer_recipe", "answer_step", "position_mask",
            "teacher_logits", "teacher_version"]
@@ -190,6 +193,9 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
                 for i, f in enumerate(train_features.features)]
     dev_features = convert_examples_to_features(dev.examples, tokenizer, settings) if dev is not None else None
     name = "squad_v2" if v2 else "squad"
+    logger.info("distilling SQuAD %s: %d training questions -> %d windows (%d skipped)%s", resolved,
+                len(train.examples), len(features), len(train_features.skipped),
+                f"; {len(dev.examples)} dev questions -> {len(dev_features.features)} windows" if dev else "")
 
     teacher = load_for_inference(BertForQuestionAnswering, teacher_dir, task="squad")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
