@@ -146,10 +146,6 @@ def teacher_logits(teacher, features: Sequence[dict], batch_size: int, pad_id: i
     return arrays
 
 
-def _best(logits: np.ndarray) -> np.ndarray:
-    return np.asarray(logits).argmax(-1)
-
-
 def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *,
                         output_dir: str | os.PathLike, dev_file: str | os.PathLike | None = None,
                         unlabeled: Sequence[str | os.PathLike] = (), layers: int | None = None,
