@@ -34,8 +34,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     student.add_argument("--student", help="the student: a preset (tiny, mini, small, medium, base, large: random "
                          "weights) or a checkpoint directory with the teacher's vocabulary")
     p.add_argument("--train-file", required=True, help="the teacher's training data (its format: a GLUE task's "
-                   "TSV, or CSV/TSV/JSONL with text, [text_pair], [label]; a tagger's: CoNLL columns); rows "
-                   "without a label are transfer-only")
+                   "TSV, or CSV/TSV/JSONL with text, [text_pair], [label]; a tagger's: CoNLL columns; a SQuAD "
+                   "teacher's: SQuAD JSON); rows without a label are transfer-only")
     p.add_argument("--dev-file", help="selects the best student (default: its agreement with the teacher on "
                    "--train-file)")
     p.add_argument("--unlabeled", action="append", default=[], metavar="GLOB",
@@ -57,8 +57,16 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "it reads its own tokenization of each example (classify teachers: sentence-level outputs)")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
                    "one directory for several students of one teacher to compute them once)")
+    # the answer family's own flags (a SQuAD teacher): Distiller.options
+    p.add_argument("--version", choices=("1.1", "2.0"), help="a SQuAD teacher whose config.json does not say its "
+                   "version: 2.0 has unanswerable questions (default: the teacher's, else 1.1)")
+    p.add_argument("--doc-stride", type=int, help="a SQuAD teacher: tokens between the starts of passage windows "
+                   "(default: the teacher's, else 128)")
     _add_finetune_flags(p, lr=None, batch_size=None, max_seq_length=None, model=False)
     p.set_defaults(func=run, check=check)
+
+# Every family's own flags (their `dest`) with the flag's name: given for a teacher of another family, refused.
+FAMILY_FLAGS = {"version": "--version", "doc_stride": "--doc-stride"}
 
 
 def check(args: argparse.Namespace) -> None:
@@ -77,7 +85,12 @@ def check(args: argparse.Namespace) -> None:
     family, distiller, config = check_teacher(args.teacher)
     check_options(args.teacher, family, config, args.layers, args.student, intermediate=args.intermediate,
                   layer_map=args.layer_map, student_vocab=args.student_vocab)
-    recipe = distiller.recipe  # the teacher's family's defaults for the flags not given
+    for dest, flag in FAMILY_FLAGS.items():
+        if getattr(args, dest, None) is not None and dest not in distiller.options:
+            raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
+    args.family_options = {dest: getattr(args, dest, None) for dest in distiller.options}
+    # the teacher's family's defaults for the flags not given (SQuAD: per version)
+    recipe = distiller.recipe_of(config, args.family_options)
     args.lr = args.lr if args.lr is not None else recipe["lr"]
     args.batch_size = args.batch_size if args.batch_size is not None else recipe["batch_size"]
     args.recipe_epochs = recipe["epochs"]
@@ -108,6 +121,6 @@ def run(args: argparse.Namespace) -> None:
                         student=args.student, dev_file=args.dev_file, unlabeled=args.unlabeled_files,
                         temperature=args.temperature, alpha=args.alpha, max_seq_length=args.max_seq_length,
                         eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir, labels_only=args.labels_only,
-                        device=args.device, **_transfer_options(args))
+                        device=args.device, **args.family_options, **_transfer_options(args))
     results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)

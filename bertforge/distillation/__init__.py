@@ -4,7 +4,7 @@ A stage beside `tasks`: it reads the task registry (the teacher's family, reader
 shared fine-tuning engine; only the CLI imports it. See `run` (the entry points and the families it
 distils), `student` (the student's layers and initialisation), `objectives` (the loss), `cache` (the
 teacher's outputs, computed once, memory-mapped), `intermediate` (TinyBERT's hidden-state and
-attention-map terms) and one module per family (`classify`, `tag`).
+attention-map terms) and one module per family (`classify`, `tag`, `answer`).
 """
 
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss

@@ -22,7 +22,7 @@ from ..modeling import BertConfig
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
-from . import classify, tag
+from . import answer, classify, tag
 from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
 from .student import check_student, student_config
 
@@ -39,11 +39,20 @@ class Distiller:
         output_dir, dev_file, unlabeled, layers, student, temperature, alpha, max_seq_length,
         eval_batch_size, cache_dir, labels_only, device).
     recipe: the defaults of the shared flags for `bertforge distill` on this family.
+    options: the family's own `task` options (the CLI's flags of the same `dest`, e.g. the answer
+        family's version and doc_stride); the CLI refuses them for a teacher of another family.
+    recipe_for(config, options): the recipe for one teacher when it depends on it (SQuAD's per version).
     """
 
     head_tensors: tuple[str, ...]
     task: Callable[..., FinetuneTask]
     recipe: dict[str, Any] = field(default_factory=dict)
+    options: tuple[str, ...] = ()
+    recipe_for: Callable[[BertConfig, dict[str, Any]], dict[str, Any]] | None = None
+
+    def recipe_of(self, config: BertConfig, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shared flags' defaults for the teacher whose config this is."""
+        return self.recipe_for(config, options or {}) if self.recipe_for is not None else dict(self.recipe)
 
 
 DISTILLERS: dict[str, Distiller] = {
@@ -52,6 +61,8 @@ DISTILLERS: dict[str, Distiller] = {
     # `bertforge finetune ner`'s recipe (the tag family's FinetuneCommand and ner_from_args)
     "tag": Distiller(("classifier.weight", "classifier.bias"), tag.tag_distill_task,
                      dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0)),
+    "answer": Distiller(("qa_outputs.weight", "qa_outputs.bias"), answer.answer_distill_task, answer.ANSWER_RECIPE,
+                        options=("version", "doc_stride"), recipe_for=answer.answer_recipe),
 }
 
 
