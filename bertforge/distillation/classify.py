@@ -1,9 +1,10 @@
 """Distilling the classify family (sentence or pair classification, regression): a `FinetuneTask` whose
 step is the distillation objective.
 
-The transfer set is the training file's examples (labelled or not) and any unlabelled text (one text per
-line; a line with a tab is a pair, text<TAB>text_pair). The teacher's logits over it are computed once
-(`cache.teacher_outputs`) and each batch reads its rows of them. The loss of a batch is two terms, each
+The transfer set is the training file's examples (labelled or not), any unlabelled text (one text per
+line; a line with a tab is a pair, text<TAB>text_pair) and, with `augment`, augmented copies of the
+training texts (`augment`: masking, replacement, n-gram sampling; each text of a pair augmented). The
+teacher's logits over it are computed once (`cache.teacher_outputs`) and each batch reads its rows of them. The loss of a batch is two terms, each
 a mean over its own rows, which the Trainer weights across micro-batches and processes:
 
 * `distill_loss`: T² · KL(teacher_T || student_T) over every example (regression: the squared error
@@ -40,6 +41,7 @@ from ..tasks.classify_reader import InputExample
 from ..tasks.glue_data import TaskSpec, get_task, read_glue_file
 from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
+from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
 from .student import build_student
@@ -116,11 +118,14 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                           student: str | None = None, temperature: float = 2.0, alpha: float = 0.5,
                           max_seq_length: int = 128, eval_batch_size: int = 128,
                           cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
-                          device: str | None = None) -> FinetuneTask:
+                          device: str | None = None, augment: int = 0, augment_seed: int = 0,
+                          augment_mlm: str | os.PathLike | None = None) -> FinetuneTask:
     """The `FinetuneTask` that distils the classifier in `teacher_dir` into a student (see
     `student.build_student` for `layers` / `student`); the teacher's logits are computed on `device`
     (default: the GPU if there is one) and cached in `cache_dir` (default: `cache.default_cache_dir`).
-    `labels_only`: the control, trained on the labels alone (see the module docstring)."""
+    `labels_only`: the control, trained on the labels alone (see the module docstring). `augment`: that
+    many augmented copies of each training example added to the transfer set, unlabelled
+    (`augment.augmented_transfer` with `augment_seed` and, for TinyBERT's replacements, `augment_mlm`)."""
     teacher_dir = Path(teacher_dir)
     config = BertConfig.from_pretrained(teacher_dir)
     task_name = config.extra.get("finetuning_task") or "classify"
@@ -137,7 +142,10 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
 
     train = read(train_file, "train", False)
     extra = read_unlabeled(unlabeled)
-    transfer = train + extra
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
+    augmented = [InputExample(f"augmented-{i}", a, b) for i, (a, b) in enumerate(augmented_transfer(
+        cache_dir, [(e.text_a, e.text_b) for e in train], augment, augment_seed, augment_mlm))] if augment else []
+    transfer = train + extra + augmented
     dev = read(dev_file, "dev", True) if dev_file is not None else None
 
     def metrics_fn(split: str, predictions, labels) -> dict[str, float]:
@@ -156,7 +164,6 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
         raise ValueError(f"{train_file}: no labelled example to train on the labels alone")
 
     teacher = load_for_inference(BertForSequenceClassification, teacher_dir, task=task_name)
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
 
     def outputs_of(rows: list[dict]) -> np.ndarray:
         key = cache_key(teacher_dir, rows, "classify logits")
@@ -202,7 +209,10 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                 "objective": "labels only" if labels_only else "soft targets + labels",
                 "temperature": temperature, "alpha": alpha, "max_seq_length": max_seq_length,
                 "transfer_examples": len(transfer), "labelled_examples": sum(f["label"] is not None for f in features),
-                "unlabeled_examples": len(extra), "teacher_outputs": str(cache_dir),
+                "unlabeled_examples": len(extra), "augmented_examples": len(augmented),
+                "augment": {"copies": augment, "seed": augment_seed, "mlm": None if augment_mlm is None
+                            else str(augment_mlm)} if augmented else None,
+                "teacher_outputs": str(cache_dir),
                 "teacher_dev_metrics": teacher_dev}
         write_text_atomic(directory / DISTILL_INFO, json.dumps(info, indent=2) + "\n")
 

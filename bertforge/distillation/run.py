@@ -22,10 +22,10 @@ from ..modeling import BertConfig
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
-from . import classify
+from . import classify, multi_label
 from .student import check_student
 
-__all__ = ["DISTILLERS", "Distiller", "check_teacher", "distill", "distill_task"]
+__all__ = ["DISTILLERS", "Distiller", "check_augmentable", "check_teacher", "distill", "distill_task"]
 
 
 @dataclass(frozen=True)
@@ -36,18 +36,24 @@ class Distiller:
         their absence means the head was never trained.
     task(family, teacher_dir, train_file, **options): the `FinetuneTask` of the student (options:
         output_dir, dev_file, unlabeled, layers, student, temperature, alpha, max_seq_length,
-        eval_batch_size, cache_dir, labels_only, device).
+        eval_batch_size, cache_dir, labels_only, device; and when `augmentable`, augment, augment_seed,
+        augment_mlm).
     recipe: the defaults of the shared flags for `bertforge distill` on this family.
+    augmentable: whether `task` takes the augmentation options (augment, augment_seed, augment_mlm:
+        `augment.augmented_transfer`'s copies of the training texts added to the transfer set).
     """
 
     head_tensors: tuple[str, ...]
     task: Callable[..., FinetuneTask]
     recipe: dict[str, Any] = field(default_factory=dict)
+    augmentable: bool = False
 
 
 DISTILLERS: dict[str, Distiller] = {
     "classify": Distiller(("classifier.weight", "classifier.bias"), classify.classify_distill_task,
-                          dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0)),
+                          dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
+    "multi-label": Distiller(("classifier.weight", "classifier.bias"), multi_label.multi_label_distill_task,
+                             dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
 }
 
 
@@ -75,6 +81,14 @@ def check_teacher(teacher_dir: str | os.PathLike) -> tuple[TaskFamily, Distiller
     return family, distiller, BertConfig.from_pretrained(directory)
 
 
+def check_augmentable(family: TaskFamily, distiller: Distiller, augment: int) -> None:
+    """ValueError, one line: `--augment N` for a family whose transfer set is not augmented yet."""
+    if augment and not distiller.augmentable:
+        supported = ", ".join(name for name, d in DISTILLERS.items() if d.augmentable)
+        raise ValueError(f"--augment: the {family.name} family's transfer set is not augmented yet "
+                         f"(supported: {supported})")
+
+
 def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *, output_dir: str | os.PathLike,
                  layers: int | None = None, student: str | None = None, **options: Any) -> FinetuneTask:
     """The student's `FinetuneTask` for a teacher of any family in `DISTILLERS`; the teacher and the
@@ -84,6 +98,7 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     if layers is not None and student is not None:
         raise ValueError("give --layers or --student, not both")
     check_student(teacher_dir, config, layers, student)
+    check_augmentable(family, distiller, options.get("augment", 0))
     return distiller.task(family, teacher_dir, train_file, output_dir=output_dir, layers=layers, student=student,
                           **options)
 

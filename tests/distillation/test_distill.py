@@ -408,8 +408,8 @@ def test_errors_are_one_line_before_any_work(encoder, teacher, save_tiny_checkpo
     other = tmp_path / "other"
     shutil.copytree(teacher, other, ignore=shutil.ignore_patterns("teacher_outputs"))
     config = json.loads((other / "config.json").read_text())
-    (other / "config.json").write_text(json.dumps({**config, "finetuning_task": "multi-label"}))
-    assert "distillation of the 'multi-label' family is not supported yet (supported: classify)" in \
+    (other / "config.json").write_text(json.dumps({**config, "finetuning_task": "multiple-choice"}))
+    assert "distillation of the 'multiple-choice' family is not supported yet (supported: classify" in \
         _error(capsys, ["distill", "--teacher", str(other), *common])
     # more layers than the teacher's
     assert "--layers 5: the teacher has 4 layers" in _error(capsys, ["distill", "--teacher", str(teacher), *common,
