@@ -140,9 +140,11 @@ class MaskedLmCandidates:
     continuations; empty for a word of several pieces. All the positions of one text are predicted in one
     batch, kept until another text is asked for (the copies of a text are made one after another)."""
 
-    def __init__(self, model_dir: str, top_k: int = TOP_K, max_length: int = 128):
+    def __init__(self, model_dir: str, top_k: int = TOP_K, max_length: int = 128, device: str | None = None):
         directory = resolve_model_dir(model_dir)
         self.model = load_for_inference(BertForMaskedLM, directory, task=f"--augment-mlm {model_dir}")
+        self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = next(self.model.parameters()).device
         self.tokenizer = BertTokenizer.from_pretrained(directory)
         self.top_k, self.max_length = top_k, min(max_length, self.model.config.max_position_embeddings)
         vocab = self.tokenizer.vocab
@@ -173,7 +175,8 @@ class MaskedLmCandidates:
         rows = torch.arange(len(positions))
         columns = torch.tensor([starts[p] for p in positions])
         batch[rows, columns] = vocab[MASK]
-        logits = self.model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[rows, columns].float()
+        batch = batch.to(self.device)
+        logits = self.model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits[rows, columns].float().cpu()
         vocab_size = min(logits.shape[-1], len(self.excluded))
         logits = logits[:, :vocab_size].masked_fill(self.excluded[:vocab_size], float("-inf"))
         top = logits.topk(min(self.top_k, vocab_size), dim=-1)
@@ -182,10 +185,12 @@ class MaskedLmCandidates:
 
 
 def augmented_transfer(cache_dir: str | os.PathLike, examples: Sequence[Sequence[str | None]], copies: int, seed: int,
-                       mlm: str | os.PathLike | None = None, rates: AugmentRates = AugmentRates()) -> list[tuple]:
+                       mlm: str | os.PathLike | None = None, rates: AugmentRates = AugmentRates(),
+                       device: str | None = None) -> list[tuple]:
     """`augment_texts` of `examples` (the unigram distribution: their words), with `mlm`'s candidates when
-    given; stored as `cache_dir/augmented-<key>.json` (key: a hash of the texts, copies, seed, rates and the
-    MLM's weights and vocabulary) and read back from there when present."""
+    given (the MLM run on `device`: default the GPU if there is one); stored as
+    `cache_dir/augmented-<key>.json` (key: a hash of the texts, copies, seed, rates and the MLM's weights and
+    vocabulary) and read back from there when present."""
     digest = hashlib.sha256(json.dumps([list(map(list, examples)), copies, seed, asdict(rates), TOP_K, MAX_NGRAM],
                                        ensure_ascii=False).encode())
     if mlm is not None:
@@ -201,7 +206,7 @@ def augmented_transfer(cache_dir: str | os.PathLike, examples: Sequence[Sequence
     except (OSError, ValueError):
         pass
     unigram = unigram_words([text for example in examples for text in example if text is not None])
-    candidates = MaskedLmCandidates(str(mlm)) if mlm is not None else None
+    candidates = MaskedLmCandidates(str(mlm), device=device) if mlm is not None else None
     augmented = augment_texts(examples, copies, seed, unigram, candidates, rates)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps([list(row) for row in augmented], ensure_ascii=False) + "\n")

@@ -4,8 +4,9 @@ step is the distillation objective.
 The transfer set is the training file's examples (labelled or not), any unlabelled text (one text per
 line; a line with a tab is a pair, text<TAB>text_pair) and, with `augment`, augmented copies of the
 training texts (`augment`: masking, replacement, n-gram sampling; each text of a pair augmented). The
-teacher's logits over it are computed once (`cache.teacher_outputs`) and each batch reads its rows of them. The loss of a batch is two terms, each
-a mean over its own rows, which the Trainer weights across micro-batches and processes:
+teacher's logits over it are computed once (`cache.teacher_outputs`) and each batch reads its rows of them.
+The loss of a batch is two terms, each a mean over its own rows, which the Trainer weights across
+micro-batches and processes:
 
 * `distill_loss`: T² · KL(teacher_T || student_T) over every example (regression: the squared error
   between the student's and the teacher's output);
@@ -144,7 +145,8 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     extra = read_unlabeled(unlabeled)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
     augmented = [InputExample(f"augmented-{i}", a, b) for i, (a, b) in enumerate(augmented_transfer(
-        cache_dir, [(e.text_a, e.text_b) for e in train], augment, augment_seed, augment_mlm))] if augment else []
+        cache_dir, [(e.text_a, e.text_b) for e in train], augment, augment_seed, augment_mlm,
+        device=device))] if augment else []
     transfer = train + extra + augmented
     dev = read(dev_file, "dev", True) if dev_file is not None else None
 

@@ -114,7 +114,8 @@ def multi_label_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike,
     extra = [MultiLabelExample(e.guid, e.text_a, e.text_b) for e in read_unlabeled(unlabeled)]
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
     augmented = [MultiLabelExample(f"augmented-{i}", a, b) for i, (a, b) in enumerate(augmented_transfer(
-        cache_dir, [(e.text_a, e.text_b) for e in train], augment, augment_seed, augment_mlm))] if augment else []
+        cache_dir, [(e.text_a, e.text_b) for e in train], augment, augment_seed, augment_mlm,
+        device=device))] if augment else []
     transfer = train + extra + augmented
     dev = read(dev_file, True) if dev_file is not None else None
 

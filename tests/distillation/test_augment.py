@@ -284,6 +284,8 @@ def test_the_multi_label_students_first_loss_on_a_hand_built_batch(goemotions, t
     assert torch.nonzero(batch["labels"][0]).flatten().tolist() == sorted(map(int, gold))
     model = task.build_model()
     model.eval()
+    teacher_threshold = json.loads((teacher / "config.json").read_text())["multi_label_threshold"]
+    assert model.config.extra["multi_label_threshold"] == teacher_threshold  # without dev: the teacher's
     losses, _ = task.step_fn(model, batch)
     with torch.no_grad():
         ids = [torch.tensor([f["input_ids"]]) for f in (task.train_features[0], task.train_features[40])]
