@@ -16,7 +16,8 @@ import math
 from pathlib import Path
 
 from ..distillation import distill_task
-from ..distillation.run import check_options, check_teacher
+from ..distillation.augment import check_masked_lm
+from ..distillation.run import check_augmentable, check_options, check_teacher
 from ..modeling.pretrained import resolve_model_dir
 from ..training import finetune as engine  # engine.finetune_grid: looked up per run, as `finetune` does
 from ._common import expand, report_finetune
@@ -55,6 +56,14 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--intermediate-weight", type=float, default=1.0, help="weight of the --intermediate terms")
     p.add_argument("--student-vocab", action="store_true", help="a --student checkpoint with its own vocabulary: "
                    "it reads its own tokenization of each example (classify teachers: sentence-level outputs)")
+    p.add_argument("--augment", type=int, default=0, metavar="N", help="add N augmented copies of each training "
+                   "text to the transfer set (soft targets only): words masked (p 0.1) or replaced (p 0.1), then a "
+                   "1-5 word window kept (p 0.25), as Tang et al. 2019 (default: 0, none)")
+    p.add_argument("--augment-seed", type=int, default=0, help="the augmentation's seed, apart from --seed: one "
+                   "augmented set (and one cache of the teacher's outputs) for every student (default: 0)")
+    p.add_argument("--augment-mlm", metavar="DIR", help="replace words as TinyBERT does: a one-piece word by one of "
+                   "the top 15 predictions of this masked language model (a checkpoint with an MLM head; default: "
+                   "a word drawn from the training text)")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
                    "one directory for several students of one teacher to compute them once)")
     # the answer family's own flags (a SQuAD teacher): Distiller.options
@@ -75,6 +84,15 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--temperature must be a positive number, got {args.temperature:g}")
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be 0 or more, got {args.alpha:g}")
+    if args.augment < 0:
+        raise ValueError(f"--augment must be 0 or more, got {args.augment}")
+    if args.augment and args.labels_only:
+        raise ValueError("--augment adds unlabelled text, which --labels-only cannot learn from; give one of them")
+    if args.augment_mlm is not None:
+        if not args.augment:
+            raise ValueError("--augment-mlm needs --augment N (the number of augmented copies of each text)")
+        args.augment_mlm = str(resolve_model_dir(args.augment_mlm))
+        check_masked_lm(args.augment_mlm)
     args.teacher = str(resolve_model_dir(args.teacher))
     if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
         raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
@@ -83,6 +101,7 @@ def check(args: argparse.Namespace) -> None:
     if args.labels_only and args.intermediate is not None:
         raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     family, distiller, config = check_teacher(args.teacher)
+    check_augmentable(family, distiller, args.augment)
     check_options(args.teacher, family, config, args.layers, args.student, intermediate=args.intermediate,
                   layer_map=args.layer_map, student_vocab=args.student_vocab)
     for dest, flag in FAMILY_FLAGS.items():
@@ -117,10 +136,12 @@ def _transfer_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
+    augmentation = dict(augment=args.augment, augment_seed=args.augment_seed, augment_mlm=args.augment_mlm) \
+        if args.augment else {}  # only for the families that take them (`Distiller.augmentable`)
     task = distill_task(args.teacher, args.train_file, output_dir=args.output_dir, layers=args.layers,
                         student=args.student, dev_file=args.dev_file, unlabeled=args.unlabeled_files,
                         temperature=args.temperature, alpha=args.alpha, max_seq_length=args.max_seq_length,
                         eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir, labels_only=args.labels_only,
-                        device=args.device, **args.family_options, **_transfer_options(args))
+                        device=args.device, **args.family_options, **_transfer_options(args), **augmentation)
     results = engine.finetune_grid(task, _arguments(args), *_grid(args))
     report_finetune(results, args.output_dir)

@@ -4,12 +4,15 @@ A stage beside `tasks`: it reads the task registry (the teacher's family, reader
 shared fine-tuning engine; only the CLI imports it. See `run` (the entry points and the families it
 distils), `student` (the student's layers and initialisation), `objectives` (the loss), `cache` (the
 teacher's outputs, computed once, memory-mapped), `intermediate` (TinyBERT's hidden-state and
-attention-map terms) and one module per family (`classify`, `tag`, `answer`).
+attention-map terms), `augment` (more transfer text made from the training text) and one module per
+family (`classify`, `multi_label`, `tag`, `answer`).
 """
 
-from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
+from .objectives import (binary_label_loss, hard_label_loss, soft_binary_target_loss, soft_target_loss,
+                         squared_error_loss)
 from .run import DISTILLERS, Distiller, check_teacher, distill, distill_task
 from .student import build_student, copy_layers, student_layers
 
-__all__ = ["DISTILLERS", "Distiller", "build_student", "check_teacher", "copy_layers", "distill", "distill_task",
-           "hard_label_loss", "soft_target_loss", "squared_error_loss", "student_layers"]
+__all__ = ["DISTILLERS", "Distiller", "binary_label_loss", "build_student", "check_teacher", "copy_layers",
+           "distill", "distill_task", "hard_label_loss", "soft_binary_target_loss", "soft_target_loss",
+           "squared_error_loss", "student_layers"]

@@ -1,10 +1,12 @@
 """Distilling the classify family (sentence or pair classification, regression): a `FinetuneTask` whose
 step is the distillation objective.
 
-The transfer set is the training file's examples (labelled or not) and any unlabelled text (one text per
-line; a line with a tab is a pair, text<TAB>text_pair). The teacher's logits over it are computed once
-(`cache.teacher_outputs`) and each batch reads its rows of them. The loss of a batch is two terms, each
-a mean over its own rows, which the Trainer weights across micro-batches and processes:
+The transfer set is the training file's examples (labelled or not), any unlabelled text (one text per
+line; a line with a tab is a pair, text<TAB>text_pair) and, with `augment`, augmented copies of the
+training texts (`augment`: masking, replacement, n-gram sampling; each text of a pair augmented). The
+teacher's logits over it are computed once (`cache.teacher_outputs`) and each batch reads its rows of them.
+The loss of a batch is two terms, each a mean over its own rows, which the Trainer weights across
+micro-batches and processes:
 
 * `distill_loss`: T² · KL(teacher_T || student_T) over every example (regression: the squared error
   between the student's and the teacher's output);
@@ -48,6 +50,7 @@ from ..tasks.classify_reader import InputExample
 from ..tasks.glue_data import TaskSpec, get_task, read_glue_file
 from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
+from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .intermediate import IntermediateTransfer, WithTransfer, intermediate_losses
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
@@ -149,7 +152,8 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                           cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
                           device: str | None = None, intermediate: Sequence[str] = (),
                           layer_map: Sequence[int] | None = None, intermediate_weight: float = 1.0,
-                          student_vocab: bool = False) -> FinetuneTask:
+                          student_vocab: bool = False, augment: int = 0, augment_seed: int = 0,
+                          augment_mlm: str | os.PathLike | None = None) -> FinetuneTask:
     """The `FinetuneTask` that distils the classifier in `teacher_dir` into a student (see
     `student.build_student` for `layers` / `student`); the teacher's logits are computed on `device`
     (default: the GPU if there is one) and cached in `cache_dir` (default: `cache.default_cache_dir`).
@@ -158,7 +162,9 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     terms (`intermediate`; the run's checks are `run.check_options`'). `student_vocab`: the `student`
     checkpoint has its own vocabulary: its features are its tokenizer's, the teacher's cached logits the
     teacher's tokenizer's, matched example by example (a sentence's label does not depend on how it is
-    split into tokens)."""
+    split into tokens). `augment`: that many augmented copies of each training example added to the
+    transfer set, unlabelled (`augment.augmented_transfer` with `augment_seed` and, for TinyBERT's
+    replacements, `augment_mlm`)."""
     if labels_only and intermediate:
         raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     teacher_dir = Path(teacher_dir)
@@ -177,7 +183,11 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
 
     train = read(train_file, "train", False)
     extra = read_unlabeled(unlabeled)
-    transfer = train + extra
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
+    augmented = [InputExample(f"augmented-{i}", a, b) for i, (a, b) in enumerate(augmented_transfer(
+        cache_dir, [(e.text_a, e.text_b) for e in train], augment, augment_seed, augment_mlm,
+        device=device))] if augment else []
+    transfer = train + extra + augmented
     dev = read(dev_file, "dev", True) if dev_file is not None else None
 
     def metrics_fn(split: str, predictions, labels) -> dict[str, float]:
@@ -205,7 +215,6 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
         raise ValueError(f"{train_file}: no labelled example to train on the labels alone")
 
     teacher = load_for_inference(BertForSequenceClassification, teacher_dir, task=task_name)
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
 
     def outputs_of(rows: list[dict]) -> np.ndarray:
         key = cache_key(teacher_dir, rows, "classify logits")
@@ -260,7 +269,10 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
                 "objective": "labels only" if labels_only else "soft targets + labels",
                 "temperature": temperature, "alpha": alpha, "max_seq_length": max_seq_length,
                 "transfer_examples": len(transfer), "labelled_examples": sum(f["label"] is not None for f in features),
-                "unlabeled_examples": len(extra), "teacher_outputs": str(cache_dir),
+                "unlabeled_examples": len(extra), "augmented_examples": len(augmented),
+                "augment": {"copies": augment, "seed": augment_seed, "mlm": None if augment_mlm is None
+                            else str(augment_mlm)} if augmented else None,
+                "teacher_outputs": str(cache_dir),
                 "teacher_dev_metrics": teacher_dev}
         if intermediate:
             info.update(intermediate=list(intermediate), layer_map=list(layer_map),

@@ -10,6 +10,11 @@ error (Tang et al. 2019 distil BERT into a BiLSTM with the squared error on logi
 Every function takes logits of shape (..., K) and reduces over all leading axes, optionally only where
 `mask` is true, so the same terms serve a sentence's logits (B, K), a tag per token (B, S, K, masked to
 the labelled tokens) and a span's start/end distributions (B, S: softmax over positions, K = S).
+
+Independent labels (a multi-label head: a sigmoid per label) have no distribution over K: each label is
+its own two-class distribution, so the soft target of label k is the teacher's sigmoid(z_t,k / T) and the
+student's sigmoid(z_s,k / T) learns it by binary cross-entropy (`soft_binary_target_loss`, again × T²),
+the gold label sets by the usual binary cross-entropy (`binary_label_loss`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ["hard_label_loss", "soft_target_loss", "squared_error_loss"]
+__all__ = ["binary_label_loss", "hard_label_loss", "soft_binary_target_loss", "soft_target_loss", "squared_error_loss"]
 
 
 def _rows(values: torch.Tensor, mask: torch.Tensor | None, trailing: int) -> torch.Tensor:
@@ -62,3 +67,27 @@ def hard_label_loss(student_logits: torch.Tensor, labels: torch.Tensor, mask: to
     if student.shape[0] == 0:
         return student_logits.sum() * 0.0
     return F.cross_entropy(student, target)
+
+
+def soft_binary_target_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+                            mask: torch.Tensor | None = None) -> torch.Tensor:
+    """T² · mean over rows and labels of BCE(sigmoid(student / T), sigmoid(teacher / T)), in float32: the
+    teacher's per-label probabilities at temperature T as soft targets of independent labels (a
+    multi-label head). Rows as `soft_target_loss`; 0 when no row is left."""
+    student = _rows(student_logits.float(), mask, 1)
+    teacher = _rows(teacher_logits.float(), mask, 1)
+    if student.shape[0] == 0:
+        return student_logits.sum() * 0.0
+    targets = torch.sigmoid(teacher / temperature)
+    return F.binary_cross_entropy_with_logits(student / temperature, targets) * temperature ** 2
+
+
+def binary_label_loss(student_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """Mean binary cross-entropy of the student's (..., K) logits against (..., K) 0/1 targets (a multi-hot
+    label set per row), over the rows where `mask` is true (all without one); 0 when none."""
+    student = _rows(student_logits.float(), mask, 1)
+    target = _rows(targets.float(), mask, 1)
+    if student.shape[0] == 0:
+        return student_logits.sum() * 0.0
+    return F.binary_cross_entropy_with_logits(student, target)

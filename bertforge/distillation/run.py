@@ -22,11 +22,11 @@ from ..modeling import BertConfig
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
-from . import answer, classify, tag
+from . import answer, classify, multi_label, tag
 from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
 from .student import check_student, student_config
 
-__all__ = ["DISTILLERS", "Distiller", "check_options", "check_teacher", "distill", "distill_task"]
+__all__ = ["DISTILLERS", "Distiller", "check_augmentable", "check_options", "check_teacher", "distill", "distill_task"]
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,14 @@ class Distiller:
         their absence means the head was never trained.
     task(family, teacher_dir, train_file, **options): the `FinetuneTask` of the student (options:
         output_dir, dev_file, unlabeled, layers, student, temperature, alpha, max_seq_length,
-        eval_batch_size, cache_dir, labels_only, device).
+        eval_batch_size, cache_dir, labels_only, device; and when `augmentable`, augment, augment_seed,
+        augment_mlm).
     recipe: the defaults of the shared flags for `bertforge distill` on this family.
     options: the family's own `task` options (the CLI's flags of the same `dest`, e.g. the answer
         family's version and doc_stride); the CLI refuses them for a teacher of another family.
     recipe_for(config, options): the recipe for one teacher when it depends on it (SQuAD's per version).
+    augmentable: whether `task` takes the augmentation options (augment, augment_seed, augment_mlm:
+        `augment.augmented_transfer`'s copies of the training texts added to the transfer set).
     """
 
     head_tensors: tuple[str, ...]
@@ -53,16 +56,19 @@ class Distiller:
     def recipe_of(self, config: BertConfig, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The shared flags' defaults for the teacher whose config this is."""
         return self.recipe_for(config, options or {}) if self.recipe_for is not None else dict(self.recipe)
+    augmentable: bool = False
 
 
 DISTILLERS: dict[str, Distiller] = {
     "classify": Distiller(("classifier.weight", "classifier.bias"), classify.classify_distill_task,
-                          dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0)),
+                          dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
     # `bertforge finetune ner`'s recipe (the tag family's FinetuneCommand and ner_from_args)
     "tag": Distiller(("classifier.weight", "classifier.bias"), tag.tag_distill_task,
                      dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0)),
     "answer": Distiller(("qa_outputs.weight", "qa_outputs.bias"), answer.answer_distill_task, answer.ANSWER_RECIPE,
                         options=("version", "doc_stride"), recipe_for=answer.answer_recipe),
+    "multi-label": Distiller(("classifier.weight", "classifier.bias"), multi_label.multi_label_distill_task,
+                             dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
 }
 
 
@@ -123,6 +129,14 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
                          layer_map_for(config, layers, student, layer_map))
 
 
+def check_augmentable(family: TaskFamily, distiller: Distiller, augment: int) -> None:
+    """ValueError, one line: `--augment N` for a family whose transfer set is not augmented yet."""
+    if augment and not distiller.augmentable:
+        supported = ", ".join(name for name, d in DISTILLERS.items() if d.augmentable)
+        raise ValueError(f"--augment: the {family.name} family's transfer set is not augmented yet "
+                         f"(supported: {supported})")
+
+
 def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *, output_dir: str | os.PathLike,
                  layers: int | None = None, student: str | None = None, intermediate: str | None = None,
                  layer_map: str | None = None, intermediate_weight: float = 1.0, student_vocab: bool = False,
@@ -143,6 +157,7 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
                        intermediate_weight=intermediate_weight)
     if student_vocab:
         options["student_vocab"] = True
+    check_augmentable(family, distiller, options.get("augment", 0))
     return distiller.task(family, teacher_dir, train_file, output_dir=output_dir, layers=layers, student=student,
                           **options)
 
