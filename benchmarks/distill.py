@@ -16,6 +16,7 @@ log under --keep:
     KEEP/<task>/teacher_outputs          the teacher's outputs, computed once for all students (--cache-dir)
     KEEP/<task>/L<n>-<distill|labels>[-aug<N>]-seed<s>     one student: `bertforge distill --teacher
                                          KEEP/<task>/teacher --layers n --seed s [--labels-only] [--augment N]`
+                                         (--labels-only at --augment 0 only: augmented text has no labels)
 
 A finished run (eval_results.json and no RUNNING marker) is read back, not run again; an unfinished one is
 continued with --resume. The students run seed-major (seed 0 of every task, layers, objective and augment
@@ -31,7 +32,8 @@ examples/s of `bertforge.pipeline(<the task's pipeline>, model=DIR, dtype=D)` at
 (not timed), then the median of --repeats timed passes. The pipeline's dev score at each dtype comes from the
 warm-up pass (SST-2: accuracy; CoNLL: entity F1 where the pipeline's words are the file's words, else
 null); the speed-up of each student is given against the teacher at the same dtype and at fp32. Run it on a
-quiet machine: the load average is reported.
+quiet machine: the load average is reported. `goal`: the issue's goal for the 3-layer distilled student
+(>= 98% of the teacher's score at >= 2x its fp32 throughput; >= 97% at >= 4x with int8), per task.
 
 `--plot FILE.png` (matplotlib): dev score against throughput (log x), one marker per model and dtype, the
 teacher highlighted, one panel per task; needs --throughput.
@@ -58,8 +60,10 @@ RUNNING = "RUNNING"  # bertforge._files.RUNNING: the marker of an unfinished run
 DTYPES = ("fp32", "bf16", "int8")  # the names `pipeline(dtype=...)` takes
 OBJECTIVES = ("distill", "labels")
 # Per task: the pipeline that serves it and the dev metric (the key in eval_results.json's metrics).
-TASKS = {"sst2": {"pipeline": "classify", "metric": "accuracy"},
-         "conll": {"pipeline": "tag", "metric": "f1"}}
+TASKS = {"sst2": {"pipeline": "classify", "metric": "accuracy", "label": "SST-2 dev accuracy"},
+         "conll": {"pipeline": "tag", "metric": "f1", "label": "CoNLL-2003 valid entity F1"}}
+# The issue's goal for the 3-layer student: % of the teacher's score kept, at this speed-up over the teacher at fp32.
+GOAL = {"fp32": (98.0, 2.0), "int8": (97.0, 4.0)}
 
 
 def minilm_dir() -> str:
@@ -106,12 +110,13 @@ def student_name(layers: int, objective: str, augment: int, seed: int) -> str:
 def student_command(args, task: str, out: Path, layers: int, objective: str, augment: int, seed: int) -> list[str]:
     train, dev = train_files(args, task)
     command = ["distill", "--teacher", str(args.keep / task / "teacher"), "--layers", str(layers), "--seed", str(seed),
-               "--train-file", str(train), "--dev-file", str(dev), "--cache-dir", str(args.keep / task / "teacher_outputs"),
+               "--train-file", str(train), "--dev-file", str(dev),
+               "--cache-dir", str(args.keep / task / "teacher_outputs"),
                "--output-dir", str(out), *common_flags(args), "--resume"]
     if objective == "labels":
         command.append("--labels-only")
     if augment:
-        command += ["--augment", str(augment)]
+        command += ["--augment", str(augment)] + (["--augment-mlm", args.augment_mlm] if args.augment_mlm else [])
     if args.student_epochs is not None:
         command += ["--epochs", str(args.student_epochs)]
     if args.lr is not None:
@@ -132,7 +137,8 @@ def run_bertforge(command: list[str], out: Path) -> dict:
         if process.returncode != 0:
             raise SystemExit(f"distill benchmark: `bertforge {' '.join(command)}` failed (exit {process.returncode}); "
                              f"see {out}.log")
-        (out / "bench_process.json").write_text(json.dumps({"process_seconds": round(time.perf_counter() - started, 2)}))
+        seconds = round(time.perf_counter() - started, 2)
+        (out / "bench_process.json").write_text(json.dumps({"process_seconds": seconds}))
     results = json.loads((out / "eval_results.json").read_text())
     process = out / "bench_process.json"
     return {"metrics": results["metrics"], "epoch": results.get("epoch"), "wall_seconds": results.get("wall_seconds"),
@@ -161,6 +167,8 @@ def study(args) -> dict:
             for layers in args.layers:
                 for objective in args.objectives:
                     for augment in args.augment:
+                        if objective == "labels" and augment:
+                            continue  # augmented text has no labels: the control is its augment-0 run
                         name = student_name(layers, objective, augment, seed)
                         out = args.keep / task / name
                         log(f"{task}: {name} ...")
@@ -274,6 +282,32 @@ def throughput(args, study_result: dict) -> dict:
     return result
 
 
+def goal(result: dict) -> dict:
+    """The issue's goal per task for the 3-layer distilled student: its score kept (the best augment's mean
+    over seeds as % of the teacher's; at int8 scaled by the seed-0 pipeline's int8/fp32 dev scores) and its
+    speed-up over the teacher at fp32; `met` where both reach GOAL."""
+    out = {}
+    for task, entry in result["throughput"].items():
+        rows = [r for r in result["study"][task]["summary"] if r["layers"] == 3 and r["objective"] == "distill"]
+        student = entry["models"].get("L3")
+        if not rows or student is None or entry["models"]["teacher"]["dtypes"].get("fp32") is None:
+            continue
+        best = max(rows, key=lambda r: r["score"]["mean"])
+        out[task] = {"augment": best["augment"]}
+        for dtype, (kept_goal, speed_goal) in GOAL.items():
+            measured, fp32 = student["dtypes"].get(dtype), student["dtypes"].get("fp32")
+            if measured is None:
+                continue
+            scale = (measured["dev_score"] / fp32["dev_score"]) if (
+                measured["dev_score"] is not None and fp32["dev_score"]) else 1.0
+            kept = best["pct_of_teacher"] * scale
+            speedup = measured["speedup_vs_teacher_fp32"]
+            out[task][dtype] = {"pct_of_teacher": kept, "speedup_vs_teacher_fp32": speedup,
+                                "goal": {"pct_of_teacher": kept_goal, "speedup": speed_goal},
+                                "met": kept >= kept_goal and speedup >= speed_goal}
+    return out
+
+
 def plot(path: Path, result: dict) -> None:
     """Dev score against examples/s (log x), one panel per task, one marker per model and dtype."""
     import matplotlib  # optional extra
@@ -290,12 +324,13 @@ def plot(path: Path, result: dict) -> None:
             is_teacher = name == "teacher"
             for dtype, entry in model["dtypes"].items():
                 score = entry["dev_score"] if entry["dev_score"] is not None else model["score"]
-                axis.scatter(entry["examples_per_s"], 100 * score, marker=markers.get(dtype, "o"), s=140 if is_teacher else 60,
+                axis.scatter(entry["examples_per_s"], 100 * score, marker=markers.get(dtype, "o"),
+                             s=140 if is_teacher else 60,
                              color="black" if is_teacher else f"C{index}", edgecolors="gold" if is_teacher else "none",
                              linewidths=2, label=f"{name} {dtype}", zorder=3 if is_teacher else 2)
         axis.set_xscale("log")
         axis.set_xlabel(f"{task}: pipeline examples/s (batch 32, {result['threads']} threads, log scale)")
-        axis.set_ylabel(f"dev {result['study'][task]['metric']} (%)")
+        axis.set_ylabel(f"{TASKS[task]['label']} (%)")
         axis.set_title(task)
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=7)
@@ -316,7 +351,9 @@ def main() -> None:
     parser.add_argument("--objectives", default="distill,labels", help="distill (soft targets + labels) and/or "
                         "labels (--labels-only, the control)")
     parser.add_argument("--augment", default="0", help="comma-separated `bertforge distill --augment N` values "
-                        "(0: the training file alone)")
+                        "(0: the training file alone; the labels-only control runs at 0 only, augmented text "
+                        "having no labels)")
+    parser.add_argument("--augment-mlm", help="passed to `bertforge distill --augment-mlm` with --augment N > 0")
     parser.add_argument("--teacher-epochs", type=float, help="the teachers' --epochs (default: the command's)")
     parser.add_argument("--student-epochs", type=float, help="the students' --epochs (default: distill's)")
     parser.add_argument("--lr", type=float, help="the students' --lr (default: distill's)")
@@ -351,6 +388,7 @@ def main() -> None:
             if not path.is_file():
                 parser.error(f"{task}: {path}: no such file")
     args.model = args.model or minilm_dir()
+    args.keep = args.keep.resolve()
     args.keep.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     result = {"benchmark": "distill", "cpu": cpu_model(), "threads": args.threads, "teacher_model": args.model,
@@ -360,6 +398,7 @@ def main() -> None:
         result["load_average_throughput"] = load_average(warn_above=0.5)
         result["batch_size"] = args.batch_size
         result["throughput"] = throughput(args, result["study"])
+        result["goal"] = goal(result)
     if args.plot is not None:
         plot(args.plot, result)
         result["plot"] = str(args.plot)

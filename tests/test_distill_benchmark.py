@@ -118,7 +118,8 @@ def test_throughput_speedups_and_plot(study):
         for dtype in ("fp32", "bf16", "int8"):
             student = models["L1"]["dtypes"][dtype]
             assert student["examples_per_s"] > 0 and len(student["seconds"]) == 1
-            assert student["examples_per_s"] == pytest.approx(result["throughput"][task]["rows"] / student["seconds"][0])
+            rows = result["throughput"][task]["rows"]
+            assert student["examples_per_s"] == pytest.approx(rows / student["seconds"][0])
             assert student["speedup_vs_teacher_same_dtype"] == pytest.approx(
                 student["examples_per_s"] / teacher[dtype]["examples_per_s"])
             assert student["speedup_vs_teacher_fp32"] == pytest.approx(
@@ -148,3 +149,31 @@ def test_bad_options_fail_before_any_run(tmp_path):
                       "--tasks", "sst2")
     assert done.returncode == 2 and "SST-2/train.tsv: no such file" in done.stderr
     assert not (tmp_path / "keep").exists()
+
+
+def test_goal_reads_the_3_layer_distilled_student():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import distill
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    def row(layers, objective, augment, mean, pct):
+        return {"layers": layers, "objective": objective, "augment": augment, "score": {"mean": mean},
+                "pct_of_teacher": pct}
+
+    def rate(per_s, score, teacher_fp32=None):
+        return {"examples_per_s": per_s, "dev_score": score,
+                **({} if teacher_fp32 is None else {"speedup_vs_teacher_fp32": per_s / teacher_fp32})}
+
+    result = {"study": {"sst2": {"summary": [row(3, "distill", 0, 0.89, 98.9), row(3, "distill", 8, 0.90, 100.0),
+                                             row(3, "labels", 0, 0.95, 105.0), row(2, "distill", 0, 0.95, 105.0)]}},
+              "throughput": {"sst2": {"models": {
+                  "teacher": {"dtypes": {"fp32": rate(100, 0.9), "int8": rate(150, 0.9)}},
+                  "L3": {"dtypes": {"fp32": rate(210, 0.90, 100), "int8": rate(390, 0.88, 100)}}}}}}
+    got = distill.goal(result)["sst2"]
+    assert got["augment"] == 8  # the best distilled 3-layer row, never the control or the 2-layer one
+    assert got["fp32"]["pct_of_teacher"] == pytest.approx(100.0) and got["fp32"]["speedup_vs_teacher_fp32"] == 2.1
+    assert got["fp32"]["met"]
+    assert got["int8"]["pct_of_teacher"] == pytest.approx(100.0 * 0.88 / 0.90)  # 97.78: kept, but 3.9x < 4x
+    assert got["int8"]["speedup_vs_teacher_fp32"] == pytest.approx(3.9) and not got["int8"]["met"]
