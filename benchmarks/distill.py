@@ -5,7 +5,8 @@ teacher's, and their `pipeline` throughput against the teacher's.
 
     python benchmarks/distill.py --keep /tmp/distill                          # the study (resumable)
     python benchmarks/distill.py --keep /tmp/distill --tasks sst2 --augment 0,8 --seeds 0
-    python benchmarks/distill.py --keep /tmp/distill --throughput --plot distill.png   # quiet machine
+    python benchmarks/distill.py --keep /tmp/distill --throughput --plot distill.png   # quiet machine (runs
+                                                  # what is missing first: add --seeds 0 to time seed 0 alone)
 
 Tasks: `sst2` (GLUE SST-2, dev accuracy; teacher: `bertforge finetune glue --task sst2`, lr 2e-5, 3 epochs)
 and `conll` (CoNLL-2003, valid entity F1; teacher: `bertforge finetune ner`, its defaults). Every run at

@@ -177,3 +177,13 @@ def test_goal_reads_the_3_layer_distilled_student():
     assert got["fp32"]["met"]
     assert got["int8"]["pct_of_teacher"] == pytest.approx(100.0 * 0.88 / 0.90)  # 97.78: kept, but 3.9x < 4x
     assert got["int8"]["speedup_vs_teacher_fp32"] == pytest.approx(3.9) and not got["int8"]["met"]
+
+
+@pytest.mark.skipif(not TAG_DISTILLER, reason="the tag distiller (branch dtag) is not registered yet")
+def test_the_conll_part_scores_entities(study):
+    assert "conll" in study["tasks"]
+    entry = study["result"]["study"]["conll"]
+    assert entry["metric"] == "f1" and 0 <= entry["teacher"]["score"] <= 1
+    for model in study["result"]["throughput"]["conll"]["models"].values():
+        for measured in model["dtypes"].values():  # the pipeline's words are the file's here: F1 is scored
+            assert measured["dev_score"] is not None and 0 <= measured["dev_score"] <= 1
