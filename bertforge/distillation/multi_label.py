@@ -39,7 +39,7 @@ from ..modeling.heads import MULTI_LABEL
 from ..tasks.classification import predict_features
 from ..tasks.classify_features import pad_batch
 from ..tasks.multi_label import (TASK_NAME, THRESHOLD_KEY, THRESHOLDS_KEY, convert_examples, label_thresholds,
-                                 multi_hot, multi_label_metrics, sigmoid, tune_thresholds)
+                                 multi_hot, multi_label_metrics, sigmoid, tune_thresholds, write_dev_predictions)
 from ..tasks.multi_label_reader import MultiLabelExample
 from ..tasks.registry import TaskFamily
 from ..tokenization import BertTokenizer
@@ -179,13 +179,7 @@ def multi_label_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike,
                         "thresholds": thresholds}
 
     def write_predictions(directory: Path, result) -> None:
-        lines = []
-        for example, row, probs in zip(dev, result["predicted"], result["probabilities"]):
-            lines.append(json.dumps({"guid": example.guid, "text_a": example.text_a, "text_b": example.text_b,
-                                     "label": [label_list[i] for i in example.labels],
-                                     "prediction": [label_list[i] for i in np.flatnonzero(row)],
-                                     "scores": [round(float(p), 6) for p in probs]}, ensure_ascii=False))
-        write_text_atomic(directory / "dev_predictions.jsonl", "\n".join(lines) + "\n")
+        write_dev_predictions(directory, dev, label_list, result)
 
     def extra_files(directory: Path) -> None:
         info = {"teacher": str(teacher_dir), "task": TASK_NAME, "family": family.name,

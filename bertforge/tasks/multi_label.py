@@ -41,7 +41,8 @@ from .multi_label_reader import MultiLabelExample, read_label_names, read_multi_
 __all__ = ["DEFAULT_THRESHOLD", "MULTI_LABEL", "RECIPE", "TASK_NAME", "THRESHOLD_GRID", "add_multi_label_flags",
            "add_predict_flags", "after_finetune",
            "collate", "is_multi_label", "label_thresholds", "multi_label_from_args", "multi_label_metrics",
-           "multi_label_task", "predict_multi_label_file", "predict_run", "sigmoid", "tune_thresholds"]
+           "multi_label_task", "predict_multi_label_file", "predict_run", "sigmoid", "tune_thresholds",
+           "write_dev_predictions"]
 
 TASK_NAME = "multi-label"  # the `finetuning_task` of a fine-tuned multi-label model (and its CLI command)
 RECIPE = {"lr": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128}  # `bertforge finetune multi-label`
@@ -159,6 +160,25 @@ def multi_label_step(model, batch: dict[str, torch.Tensor]):
     return out.loss, {}
 
 
+def write_dev_predictions(output_dir: Path, dev: Sequence[MultiLabelExample], label_list: Sequence[str],
+                          result: dict[str, Any]) -> None:
+    """dev_predictions.jsonl (per dev row: gold and predicted label names, every label's probability) and
+    dev_label_metrics.json (per label: precision, recall, F1, support, threshold) from an evaluation's
+    `result` ({"predicted", "probabilities", "per_label", "thresholds"})."""
+    lines = []
+    for example, row, probs in zip(dev, result["predicted"], result["probabilities"]):
+        lines.append(json.dumps({"guid": example.guid, "text_a": example.text_a, "text_b": example.text_b,
+                                 "label": [label_list[i] for i in example.labels],
+                                 "prediction": [label_list[i] for i in np.flatnonzero(row)],
+                                 "scores": [round(float(p), 6) for p in probs]}, ensure_ascii=False))
+    write_text_atomic(output_dir / "dev_predictions.jsonl", "\n".join(lines) + "\n")
+    per_label = result["per_label"]
+    table = {name: {"precision": float(per_label["precision"][i]), "recall": float(per_label["recall"][i]),
+                    "f1": float(per_label["f1"][i]), "support": int(per_label["support"][i]),
+                    "threshold": float(result["thresholds"][i])} for i, name in enumerate(label_list)}
+    write_text_atomic(output_dir / "dev_label_metrics.json", json.dumps(table, indent=2, ensure_ascii=False) + "\n")
+
+
 def multi_label_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_file: str | os.PathLike, *,
                      labels_file: str | os.PathLike | None = None, per_label_thresholds: bool = False,
                      max_seq_length: int = 128, eval_batch_size: int = 128) -> FinetuneTask:
@@ -200,18 +220,7 @@ def multi_label_task(model_dir: str | os.PathLike, train_file: str | os.PathLike
                         "thresholds": thresholds}
 
     def write_predictions(output_dir: Path, result) -> None:
-        lines = []
-        for example, row, probs in zip(dev, result["predicted"], result["probabilities"]):
-            lines.append(json.dumps({"guid": example.guid, "text_a": example.text_a, "text_b": example.text_b,
-                                     "label": [label_list[i] for i in example.labels],
-                                     "prediction": [label_list[i] for i in np.flatnonzero(row)],
-                                     "scores": [round(float(p), 6) for p in probs]}, ensure_ascii=False))
-        write_text_atomic(output_dir / "dev_predictions.jsonl", "\n".join(lines) + "\n")
-        per_label = result["per_label"]
-        table = {name: {"precision": float(per_label["precision"][i]), "recall": float(per_label["recall"][i]),
-                        "f1": float(per_label["f1"][i]), "support": int(per_label["support"][i]),
-                        "threshold": float(result["thresholds"][i])} for i, name in enumerate(label_list)}
-        write_text_atomic(output_dir / "dev_label_metrics.json", json.dumps(table, indent=2, ensure_ascii=False) + "\n")
+        write_dev_predictions(output_dir, dev, label_list, result)
 
     return FinetuneTask(
         name=TASK_NAME, build_model=build_model, tokenizer=tokenizer, train_features=train_features,
