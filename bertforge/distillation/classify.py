@@ -56,7 +56,7 @@ from .intermediate import IntermediateTransfer, WithTransfer, intermediate_losse
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
 from .student import build_student
 
-__all__ = ["DISTILL_INFO", "classify_distill_task", "distillation_step", "read_unlabeled"]
+__all__ = ["DISTILL_INFO", "cached_logits", "classify_distill_task", "distillation_step", "read_unlabeled"]
 
 # Kept with the student: the teacher, the layers, the objective, the transfer set, the teacher's dev scores.
 DISTILL_INFO = "distillation.json"
@@ -217,10 +217,7 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
     teacher = load_for_inference(BertForSequenceClassification, teacher_dir, task=task_name)
 
     def outputs_of(rows: list[dict]) -> np.ndarray:
-        key = cache_key(teacher_dir, rows, "classify logits")
-        def compute() -> dict[str, np.ndarray]:
-            return {"logits": teacher_logits(teacher, rows, eval_batch_size, teacher_pad_id)}
-        return teacher_outputs(cache_dir, key, compute, rows=len(rows))["logits"]
+        return cached_logits(cache_dir, teacher_dir, teacher, rows, "classify logits", eval_batch_size, teacher_pad_id)
 
     teacher.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     logits = outputs_of(teacher_features)
@@ -290,6 +287,16 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
         evaluate=evaluate, main_metric=main,
         greater_is_better=main != "teacher_mse", write_predictions=base.write_predictions if dev is not None else None,
         lengths=base.lengths, count_fn=distillation_count, extra_files=extra_files)
+
+
+def cached_logits(cache_dir: Path, teacher_dir: str | os.PathLike, teacher, features: Sequence[dict], what: str,
+                  batch_size: int, pad_id: int) -> np.ndarray:
+    """The teacher's logits (N, K) over `features`, from `cache_dir` when computed before (memory-mapped),
+    else computed now (`teacher_logits`) and cached under the key of the teacher, the inputs and `what`."""
+    def compute() -> dict[str, np.ndarray]:
+        return {"logits": teacher_logits(teacher, features, batch_size, pad_id)}
+    key = cache_key(teacher_dir, features, what)
+    return teacher_outputs(cache_dir, key, compute, rows=len(features))["logits"]
 
 
 def teacher_logits(teacher, features: Sequence[dict], batch_size: int, pad_id: int) -> np.ndarray:

@@ -45,8 +45,8 @@ from ..tasks.registry import TaskFamily
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
-from .cache import cache_key, default_cache_dir, teacher_outputs
-from .classify import DISTILL_INFO, distillation_count, read_unlabeled, teacher_logits
+from .cache import default_cache_dir
+from .classify import DISTILL_INFO, cached_logits, distillation_count, read_unlabeled
 from .objectives import binary_label_loss, soft_binary_target_loss
 from .student import build_student
 
@@ -130,11 +130,7 @@ def multi_label_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike,
     teacher = load_for_inference(BertForSequenceClassification, teacher_dir, task=TASK_NAME)
 
     def outputs_of(rows: list[dict]) -> np.ndarray:
-        key = cache_key(teacher_dir, rows, "multi-label logits")
-
-        def compute() -> dict[str, np.ndarray]:
-            return {"logits": teacher_logits(teacher, rows, eval_batch_size, pad_id)}
-        return teacher_outputs(cache_dir, key, compute, rows=len(rows))["logits"]
+        return cached_logits(cache_dir, teacher_dir, teacher, rows, "multi-label logits", eval_batch_size, pad_id)
 
     teacher.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     logits = outputs_of(features)

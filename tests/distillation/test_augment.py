@@ -233,7 +233,7 @@ def test_distill_a_multi_label_teacher_end_to_end(goemotions, tmp_path, capsys, 
     scores = pipeline("classify", model=student)(["I love this"])[0]["scores"]
     assert list(scores) == [teacher_config["id2label"][str(i)] for i in range(28)]
     # a second student reads the augmented texts and the teacher's outputs back from the shared cache
-    monkeypatch.setattr(multi_label_distiller, "teacher_logits", lambda *a, **k: pytest.fail("teacher recomputed"))
+    monkeypatch.setattr(classify_distiller, "teacher_logits", lambda *a, **k: pytest.fail("teacher recomputed"))
     monkeypatch.setattr(augment_module, "augment_texts", lambda *a, **k: pytest.fail("augmented again"))
     command[command.index(str(student))] = str(tmp_path / "student2")
     assert main(command + ["--seed", "5"]) == 0
