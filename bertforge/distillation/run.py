@@ -38,7 +38,7 @@ class Distiller:
     task(family, teacher_dir, train_file, **options): the `FinetuneTask` of the student (options:
         output_dir, dev_file, unlabeled, layers, student, temperature, alpha, max_seq_length,
         eval_batch_size, cache_dir, labels_only, device; and when `augmentable`, augment, augment_seed,
-        augment_mlm).
+        augment_mlm; for the INTERMEDIATE_FAMILIES, intermediate, layer_map, intermediate_weight).
     recipe: the defaults of the shared flags for `bertforge distill` on this family.
     options: the family's own `task` options (the CLI's flags of the same `dest`, e.g. the answer
         family's version and doc_stride); the CLI refuses them for a teacher of another family.
@@ -70,7 +70,7 @@ DISTILLERS: dict[str, Distiller] = {
                           dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
     # `bertforge finetune ner`'s recipe (the tag family's FinetuneCommand and ner_from_args)
     "tag": Distiller(("classifier.weight", "classifier.bias"), tag.tag_distill_task,
-                     dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0),
+                     dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0), augmentable=True,
                      head_proves_training=True),
     "answer": Distiller(("qa_outputs.weight", "qa_outputs.bias"), answer.answer_distill_task, answer.ANSWER_RECIPE,
                         options=("version", "doc_stride"), recipe_for=answer.answer_recipe,
@@ -113,7 +113,8 @@ def check_teacher(teacher_dir: str | os.PathLike) -> tuple[TaskFamily, Distiller
 
 def _tensor_names(directory: Path) -> set[str]:
     """The tensor names in a checkpoint's weights file (its header only), without a "bert." prefix."""
-    return {key[len("bert."):] if key.startswith("bert.") else key for key in read_tensor_shapes(weights_path(directory))}
+    return {key[len("bert."):] if key.startswith("bert.") else key
+            for key in read_tensor_shapes(weights_path(directory))}
 
 
 def _has_tensors(directory: Path, tensors: Sequence[str]) -> bool:
@@ -121,8 +122,8 @@ def _has_tensors(directory: Path, tensors: Sequence[str]) -> bool:
     return all(name in names for name in tensors)
 
 
-# The families that take --intermediate and --student-vocab (the classify family's task options).
-INTERMEDIATE_FAMILIES = ("classify",)
+# The families whose task takes --intermediate (TinyBERT's terms), and --student-vocab (sentence-level outputs only).
+INTERMEDIATE_FAMILIES = ("classify", "tag", "answer")
 STUDENT_VOCAB_FAMILIES = ("classify",)
 
 
@@ -132,8 +133,8 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
     """The student and the options that depend on the family judged before anything loads (ValueError,
     one line): `student.check_student`; --student-vocab only for sentence-level outputs (the classify
     family: a per-token or span output would need an alignment between the two tokenizations);
-    --intermediate (its kinds, --layer-map, the attention heads) only for the classify family, and not
-    with --student-vocab (the two models' token positions differ)."""
+    --intermediate (its kinds, --layer-map, the attention heads) for the families in
+    INTERMEDIATE_FAMILIES, and not with --student-vocab (the two models' token positions differ)."""
     check_student(teacher_dir, config, layers, student, student_vocab)
     if student_vocab and family.name not in STUDENT_VOCAB_FAMILIES:
         raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: its outputs are per token or span, and "
@@ -169,7 +170,8 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     """The student's `FinetuneTask` for a teacher of any family in `DISTILLERS`; the teacher and the
     student are checked first (`check_teacher`, `check_options`), before any data is read.
     `intermediate` ("hidden", "attention" or "hidden,attention"), `layer_map` ("0,2,4"),
-    `intermediate_weight` and `student_vocab` are the classify family's (see `intermediate`, `classify`)."""
+    `intermediate_weight` are the INTERMEDIATE_FAMILIES' (see `intermediate`), `student_vocab` the classify
+    family's (see `classify`)."""
     teacher_dir = resolve_model_dir(teacher_dir)
     family, distiller, config = check_teacher(teacher_dir)
     if layers is not None and student is not None:
