@@ -19,6 +19,10 @@ The loss of a batch, each term a mean over its windows:
 * `label_loss`: alpha × the mean of the start and end cross-entropies against the gold positions, over
   the same masked logits (the gold position is always [CLS] or a passage token).
 
+With `intermediate` (TinyBERT's intermediate-layer transfer, `intermediate.py`), the teacher also runs on
+each batch and `hidden_loss` / `attention_loss` over every real token of the windows (question and
+passage) are added, each × `intermediate_weight`.
+
 `labels_only=True` is the control: the same student, windows and engine trained on `label_loss` alone,
 weight 1. Evaluation on --dev-file is `finetune squad`'s (exact match and F1 through Google's
 postprocessing; v2.0 with the no-answer threshold of the settings), plus the share of dev windows whose
@@ -33,7 +37,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -49,6 +53,7 @@ from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
+from .intermediate import IntermediateTransfer, WithTransfer, intermediate_counts, teacher_intermediate_losses
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
 
@@ -102,13 +107,20 @@ def _masked(logits: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return logits.float().masked_fill(~valid, MASKED)
 
 
-def answer_step(temperature: float, alpha: float, labels_only: bool = False):
+def answer_step(temperature: float, alpha: float, labels_only: bool = False,
+                intermediate: Callable[[], tuple[torch.nn.Module, IntermediateTransfer]] | None = None,
+                intermediate_weight: float = 1.0):
     """The `step_fn` of an answer student: {"distill_loss", "label_loss"} (see the module docstring), and
     the share of windows whose best start and best end are the teacher's; `labels_only`: {"label_loss"}
-    alone, unweighted (the control)."""
+    alone, unweighted (the control). `intermediate()`: the teacher and the run's `IntermediateTransfer`;
+    the teacher then runs on the batch too and `intermediate_weight` × its terms ("hidden_loss",
+    "attention_loss", over every real token of the window, question included) are added."""
     def step(model, batch: dict[str, torch.Tensor]):
-        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"])
+        teacher_model, transfer = intermediate() if intermediate is not None else (None, None)
+        kinds = transfer.kinds if transfer is not None else ()
+        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                      attention_mask=batch["attention_mask"])
+        out = model(**inputs, output_hidden_states="hidden" in kinds, output_attentions="attention" in kinds)
         valid = batch["position_mask"]
         start, end = _masked(out.start_logits, valid), _masked(out.end_logits, valid)
         teacher_start, teacher_end = _masked(batch["teacher_start"], valid), _masked(batch["teacher_end"], valid)
@@ -121,13 +133,18 @@ def answer_step(temperature: float, alpha: float, labels_only: bool = False):
             return {"label_loss": hard}, metrics
         soft = (soft_target_loss(start, teacher_start, temperature)
                 + soft_target_loss(end, teacher_end, temperature)) / 2
-        return {"distill_loss": soft, "label_loss": alpha * hard}, metrics
+        losses = {"distill_loss": soft, "label_loss": alpha * hard}
+        if transfer is not None:
+            losses.update(teacher_intermediate_losses(teacher_model, transfer, out, inputs, intermediate_weight))
+        return losses, metrics
     return step
 
 
 def _count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Every window carries both terms (its gold position is [CLS] when the answer is elsewhere)."""
-    return {"distill_loss": float(len(batch["input_ids"])), "label_loss": float(len(batch["input_ids"]))}
+    """Every window carries both terms (its gold position is [CLS] when the answer is elsewhere); the
+    intermediate terms are means over real tokens / (query, key) pairs."""
+    return {"distill_loss": float(len(batch["input_ids"])), "label_loss": float(len(batch["input_ids"])),
+            **intermediate_counts(batch["attention_mask"])}
 
 
 def teacher_logits(teacher, features: Sequence[dict], batch_size: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -153,12 +170,17 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
                         max_seq_length: int | None = None, eval_batch_size: int = 128,
                         cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
                         device: str | None = None, version: str | None = None,
-                        doc_stride: int | None = None) -> FinetuneTask:
+                        doc_stride: int | None = None, intermediate: Sequence[str] = (),
+                        layer_map: Sequence[int] | None = None, intermediate_weight: float = 1.0) -> FinetuneTask:
     """The `FinetuneTask` that distils the SQuAD model in `teacher_dir` into a student (see
     `student.build_student` for `layers` / `student`); `version` / `doc_stride`: --version (when the
     teacher does not say) and --doc-stride (default: the teacher's). The teacher's logits are computed on
     `device` (default: the GPU if there is one) and cached in `cache_dir` (default:
-    `cache.default_cache_dir`). `unlabeled` text has no question: refused."""
+    `cache.default_cache_dir`). `unlabeled` text has no question: refused. `intermediate` ("hidden",
+    "attention"), `layer_map`, `intermediate_weight`: TinyBERT's intermediate terms (`intermediate`; checked
+    by `run.check_options`), the teacher running beside the student on each batch."""
+    if labels_only and intermediate:
+        raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     if unlabeled:
         raise ValueError("--unlabeled: an answer teacher's transfer set is question/passage pairs; give more "
                          "SQuAD-format questions in --train-file instead")
@@ -231,7 +253,13 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
         model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=dict(
             finetuning_task=name, version_2_with_negative=v2))
         model.config.extra.update(finetuning_task=name, version_2_with_negative=v2, squad=vars(settings).copy())
-        return model
+        if not intermediate:
+            return model
+        made["transfer"] = IntermediateTransfer(model.config, config, intermediate, layer_map)
+        return WithTransfer(model, made["transfer"])  # saved and evaluated as the student alone
+
+    if intermediate:
+        teacher.requires_grad_(False)  # it runs beside the student on every batch, never trained
 
     def agreement(window_logits, target: dict[str, np.ndarray], rows: Sequence[dict]) -> dict[str, float]:
         """The share of windows whose best start (end) among the valid positions is the teacher's."""
@@ -275,11 +303,16 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
                 "temperature": temperature, "alpha": alpha, "version": resolved, "squad": vars(settings),
                 "transfer_examples": len(train.examples), "transfer_windows": len(features),
                 "teacher_outputs": str(cache_dir), "teacher_dev_metrics": teacher_dev}
+        if intermediate:
+            info.update(intermediate=list(intermediate), layer_map=list(layer_map),
+                        intermediate_weight=intermediate_weight)
         write_text_atomic(directory / DISTILL_INFO, json.dumps(info, indent=2) + "\n")
 
     return FinetuneTask(
         name=name, build_model=build_model, tokenizer=tokenizer, train_features=features, collate=collate_rows,
-        step_fn=answer_step(temperature, alpha, labels_only), evaluate=evaluate,
+        step_fn=answer_step(temperature, alpha, labels_only,
+                            (lambda: (teacher, made["transfer"])) if intermediate else None, intermediate_weight),
+        evaluate=evaluate,
         main_metric="f1" if dev is not None else "teacher_agreement",
         write_predictions=write_predictions if dev is not None else None,
         lengths=[len(f["input_ids"]) for f in features], count_fn=_count, extra_files=extra_files)

@@ -32,7 +32,8 @@ from ..modeling import BertConfig
 from .student import student_config, student_layers
 
 __all__ = ["INTERMEDIATE_KINDS", "IntermediateTransfer", "WithTransfer", "intermediate_losses", "layer_map_for",
-           "parse_intermediate", "parse_layer_map", "uniform_layer_map"]
+           "intermediate_counts", "parse_intermediate", "parse_layer_map", "teacher_intermediate_losses",
+           "uniform_layer_map"]
 
 INTERMEDIATE_KINDS = ("hidden", "attention")
 
@@ -125,6 +126,29 @@ def intermediate_losses(transfer: IntermediateTransfer, student_out, teacher_out
             total = total + ((ours - theirs).pow(2) * pair_mask).sum() / count
         losses["attention_loss"] = total
     return losses
+
+
+def teacher_intermediate_losses(teacher: nn.Module, transfer: IntermediateTransfer, student_out,
+                                inputs: dict[str, torch.Tensor], weight: float = 1.0) -> dict[str, torch.Tensor]:
+    """`weight` × `intermediate_losses` of a batch, the teacher run on it beside the student (whose outputs,
+    `student_out`, came from `inputs` with the hidden states / attention maps of `transfer.kinds`): the
+    step of a family whose student takes --intermediate. The teacher moves to the batch's device first."""
+    device = inputs["input_ids"].device
+    if next(teacher.parameters()).device != device:
+        teacher.to(device)
+    # no torch.no_grad(): the teacher's weights require no gradient (so no graph is kept), and with autograd
+    # on it runs the reference plan, whose hidden states are never buffers reused in place
+    theirs = teacher(**inputs, output_hidden_states="hidden" in transfer.kinds,
+                     output_attentions="attention" in transfer.kinds)
+    return {name: weight * value for name, value in
+            intermediate_losses(transfer, student_out, theirs, inputs["attention_mask"]).items()}
+
+
+def intermediate_counts(attention_mask: torch.Tensor) -> dict[str, float]:
+    """The units behind each intermediate term's mean (a `count_fn`'s share): the real tokens for the hidden
+    states, the (real query, real key) pairs for the attention maps."""
+    lengths = attention_mask.sum(-1).double()
+    return {"hidden_loss": float(lengths.sum()), "attention_loss": float(lengths.pow(2).sum())}
 
 
 class WithTransfer(nn.Module):

@@ -38,13 +38,18 @@ class Distiller:
     task(family, teacher_dir, train_file, **options): the `FinetuneTask` of the student (options:
         output_dir, dev_file, unlabeled, layers, student, temperature, alpha, max_seq_length,
         eval_batch_size, cache_dir, labels_only, device; and when `augmentable`, augment, augment_seed,
-        augment_mlm).
+        augment_mlm; for the INTERMEDIATE_FAMILIES, intermediate, layer_map, intermediate_weight).
     recipe: the defaults of the shared flags for `bertforge distill` on this family.
     options: the family's own `task` options (the CLI's flags of the same `dest`, e.g. the answer
         family's version and doc_stride); the CLI refuses them for a teacher of another family.
     recipe_for(config, options): the recipe for one teacher when it depends on it (SQuAD's per version).
     augmentable: whether `task` takes the augmentation options (augment, augment_seed, augment_mlm:
         `augment.augmented_transfer`'s copies of the training texts added to the transfer set).
+    head_proves_training: whether a checkpoint whose config.json records no training (no finetuning_task,
+        no problem_type) is a teacher when its `head_tensors` are in its weights: transformers saves a
+        fine-tuned token-classification or question-answering model so (its heads' training records
+        nothing in the config), while its sequence classifier records a problem_type on its first
+        labelled step, so one without is a head never trained.
     """
 
     head_tensors: tuple[str, ...]
@@ -57,6 +62,7 @@ class Distiller:
         """The shared flags' defaults for the teacher whose config this is."""
         return self.recipe_for(config, options or {}) if self.recipe_for is not None else dict(self.recipe)
     augmentable: bool = False
+    head_proves_training: bool = False
 
 
 DISTILLERS: dict[str, Distiller] = {
@@ -64,9 +70,11 @@ DISTILLERS: dict[str, Distiller] = {
                           dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
     # `bertforge finetune ner`'s recipe (the tag family's FinetuneCommand and ner_from_args)
     "tag": Distiller(("classifier.weight", "classifier.bias"), tag.tag_distill_task,
-                     dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0)),
+                     dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0), augmentable=True,
+                     head_proves_training=True),
     "answer": Distiller(("qa_outputs.weight", "qa_outputs.bias"), answer.answer_distill_task, answer.ANSWER_RECIPE,
-                        options=("version", "doc_stride"), recipe_for=answer.answer_recipe),
+                        options=("version", "doc_stride"), recipe_for=answer.answer_recipe,
+                        head_proves_training=True),
     "multi-label": Distiller(("classifier.weight", "classifier.bias"), multi_label.multi_label_distill_task,
                              dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),
 }
@@ -75,20 +83,27 @@ DISTILLERS: dict[str, Distiller] = {
 def check_teacher(teacher_dir: str | os.PathLike) -> tuple[TaskFamily, Distiller, BertConfig]:
     """The teacher's family, its `Distiller` and config, from config.json and the weights file's header
     only (milliseconds). ValueError, one line: a teacher never fine-tuned (no finetuning_task nor
-    problem_type in config.json, or no head tensors in its weights), or of a family not distilled yet."""
+    problem_type in config.json and, for a family whose head's training records neither
+    (`Distiller.head_proves_training`: transformers' tagger and QA model), no head tensors in its
+    weights; or a head missing from its weights), or of a family not distilled yet."""
     directory = Path(resolve_model_dir(teacher_dir))
     values = checkpoint_config(directory)
-    if not values.get("finetuning_task") and not values.get("problem_type"):
-        raise ValueError(f"--teacher {teacher_dir}: not a fine-tuned model (no finetuning_task or problem_type in "
-                         "its config.json): its head is untrained; fine-tune it first (bertforge finetune ...)")
     family = family_for_checkpoint(directory, default=None)
+    if not values.get("finetuning_task") and not values.get("problem_type"):
+        # the family then comes from the head (config.json `architectures`); its tensors must be there
+        distiller = DISTILLERS.get(family.name) if family is not None else None
+        if distiller is None or not distiller.head_proves_training or \
+                not _has_tensors(directory, distiller.head_tensors):
+            raise ValueError(f"--teacher {teacher_dir}: not a fine-tuned model (no finetuning_task or problem_type "
+                             "in its config.json, nor a tagging or question-answering head in its weights): its "
+                             "head is untrained; fine-tune it first (bertforge finetune ...)")
     name = family.name if family is not None else values.get("finetuning_task")
     if family is None or family.name not in DISTILLERS:
         raise ValueError(f"--teacher {teacher_dir}: distillation of the {name!r} family is not supported yet "
                          f"(supported: {', '.join(DISTILLERS)})")
     distiller = DISTILLERS[family.name]
     weights = weights_path(directory)
-    names = {key[len("bert."):] if key.startswith("bert.") else key for key in read_tensor_shapes(weights)}
+    names = _tensor_names(directory)
     missing = [name for name in distiller.head_tensors if name not in names]
     if missing:
         raise ValueError(f"--teacher {teacher_dir}: {weights} has no trained {family.name} head ({', '.join(missing)} "
@@ -96,8 +111,19 @@ def check_teacher(teacher_dir: str | os.PathLike) -> tuple[TaskFamily, Distiller
     return family, distiller, BertConfig.from_pretrained(directory)
 
 
-# The families that take --intermediate and --student-vocab (the classify family's task options).
-INTERMEDIATE_FAMILIES = ("classify",)
+def _tensor_names(directory: Path) -> set[str]:
+    """The tensor names in a checkpoint's weights file (its header only), without a "bert." prefix."""
+    return {key[len("bert."):] if key.startswith("bert.") else key
+            for key in read_tensor_shapes(weights_path(directory))}
+
+
+def _has_tensors(directory: Path, tensors: Sequence[str]) -> bool:
+    names = _tensor_names(directory)
+    return all(name in names for name in tensors)
+
+
+# The families whose task takes --intermediate (TinyBERT's terms), and --student-vocab (sentence-level outputs only).
+INTERMEDIATE_FAMILIES = ("classify", "tag", "answer")
 STUDENT_VOCAB_FAMILIES = ("classify",)
 
 
@@ -107,8 +133,8 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
     """The student and the options that depend on the family judged before anything loads (ValueError,
     one line): `student.check_student`; --student-vocab only for sentence-level outputs (the classify
     family: a per-token or span output would need an alignment between the two tokenizations);
-    --intermediate (its kinds, --layer-map, the attention heads) only for the classify family, and not
-    with --student-vocab (the two models' token positions differ)."""
+    --intermediate (its kinds, --layer-map, the attention heads) for the families in
+    INTERMEDIATE_FAMILIES, and not with --student-vocab (the two models' token positions differ)."""
     check_student(teacher_dir, config, layers, student, student_vocab)
     if student_vocab and family.name not in STUDENT_VOCAB_FAMILIES:
         raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: its outputs are per token or span, and "
@@ -144,7 +170,8 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     """The student's `FinetuneTask` for a teacher of any family in `DISTILLERS`; the teacher and the
     student are checked first (`check_teacher`, `check_options`), before any data is read.
     `intermediate` ("hidden", "attention" or "hidden,attention"), `layer_map` ("0,2,4"),
-    `intermediate_weight` and `student_vocab` are the classify family's (see `intermediate`, `classify`)."""
+    `intermediate_weight` are the INTERMEDIATE_FAMILIES' (see `intermediate`), `student_vocab` the classify
+    family's (see `classify`)."""
     teacher_dir = resolve_model_dir(teacher_dir)
     family, distiller, config = check_teacher(teacher_dir)
     if layers is not None and student is not None:

@@ -5,7 +5,9 @@ The transfer set is the teacher's CoNLL training file, read and windowed as the 
 (`conll.read_conll`, `conll.build_windows`: each word tokenized on its own, its first sub-token labelled,
 one window per sentence or, for a teacher trained with document context, the sentence in its
 document's context; a sentence longer than a window in consecutive chunks), plus any unlabelled text
-(--unlabeled: one sentence per line, words split on whitespace, no tags; each line its own context).
+(--unlabeled: one sentence per line, words split on whitespace, no tags; each line its own context),
+plus, with `augment` N, N augmented copies of each training sentence's words (`augment`: masking,
+replacement, n-gram windows; untagged, each its own context, kept beside the teacher's outputs).
 
 The teacher's per-word logits (at each word's first sub-token) over the transfer set are computed once
 (`cache.teacher_outputs`) and stored flat, without padding: `logits` (total words, K) float32 and
@@ -15,7 +17,11 @@ two terms, each a mean over its own words, which the Trainer weights across micr
 
 * `distill_loss`: T² · KL(teacher_T || student_T) over every word of the batch (`objectives.soft_target_loss`);
 * `label_loss`: alpha × the cross-entropy against the gold tag, over the words that have one (the
-  training file's; --unlabeled lines have none).
+  training file's; --unlabeled lines and augmented copies have none).
+
+With `intermediate` (TinyBERT's intermediate-layer transfer, `intermediate.py`), the teacher also runs on
+each batch and `hidden_loss` / `attention_loss` over every real token of the windows are added, each ×
+`intermediate_weight`.
 
 `labels_only=True` is the control: the same student, data and engine on the gold tags alone
 (`label_loss` with weight 1). Evaluation on --dev-file is the family's (`conll.ner_metrics`:
@@ -30,7 +36,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -45,13 +51,15 @@ from ..tasks.registry import TaskFamily
 from ..tasks.tagging import predict_window_tags
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
+from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
+from .intermediate import IntermediateTransfer, WithTransfer, intermediate_counts, teacher_intermediate_losses
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
 
-__all__ = ["read_unlabeled_sentences", "tag_distill_task", "tag_distillation_count", "tag_distillation_step",
-           "teacher_word_logits"]
+__all__ = ["augmented_sentences", "read_unlabeled_sentences", "tag_distill_task", "tag_distillation_count",
+           "tag_distillation_step", "teacher_word_logits"]
 
 
 def read_unlabeled_sentences(paths: Sequence[str | os.PathLike]) -> list[Sentence]:
@@ -64,6 +72,19 @@ def read_unlabeled_sentences(paths: Sequence[str | os.PathLike]) -> list[Sentenc
             if words:
                 sentences.append(Sentence([[word] for word in words], None, len(sentences), number))
     return sentences
+
+
+def augmented_sentences(cache_dir: str | os.PathLike, sentences: Sequence[Sentence], copies: int, seed: int,
+                        mlm: str | os.PathLike | None = None, *, first: int = 0,
+                        device: str | None = None) -> list[Sentence]:
+    """`copies` augmented copies of each sentence's word list (`augment.augmented_transfer`: masking,
+    replacement, n-gram windows; kept in `cache_dir` and read back from there), in order, as untagged
+    sentences, each its own document (numbered from `first`, after the --unlabeled ones) and carrying its
+    source sentence's line. A CoNLL word holds no whitespace, so a copy's text splits back into its words."""
+    texts = augmented_transfer(cache_dir, [(" ".join(s.words),) for s in sentences], copies, seed, mlm,
+                               device=device)
+    return [Sentence([[word] for word in text.split()], None, first + i, sentences[i // copies].line)
+            for i, (text,) in enumerate(texts)]
 
 
 def _check_tags(sentences: Sequence[Sentence], labels: Sequence[str], path: str | os.PathLike,
@@ -99,13 +120,21 @@ def teacher_word_logits(teacher, windows: Sequence[dict], batch_size: int, pad_i
     return logits, offsets
 
 
-def tag_distillation_step(temperature: float, alpha: float, labels_only: bool = False):
+def tag_distillation_step(temperature: float, alpha: float, labels_only: bool = False,
+                          intermediate: Callable[[], tuple[torch.nn.Module, IntermediateTransfer]] | None = None,
+                          intermediate_weight: float = 1.0):
     """The `step_fn` of a tag student: {"distill_loss", "label_loss"} (see the module docstring) over the
     batch's word positions (`word_mask`), and the share of words on which the student's tag is the
-    teacher's; `labels_only`: {"label_loss"} alone, unweighted (the control)."""
+    teacher's; `labels_only`: {"label_loss"} alone, unweighted (the control). `intermediate()`: the
+    teacher and the run's `IntermediateTransfer`; the teacher then runs on the batch too and
+    `intermediate_weight` × its terms ("hidden_loss", "attention_loss", over every real token) are added."""
     def step(model, batch: dict[str, torch.Tensor]):
-        logits = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                       attention_mask=batch["attention_mask"]).logits  # (B, S, K)
+        teacher_model, transfer = intermediate() if intermediate is not None else (None, None)
+        kinds = transfer.kinds if transfer is not None else ()
+        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                      attention_mask=batch["attention_mask"])
+        out = model(**inputs, output_hidden_states="hidden" in kinds, output_attentions="attention" in kinds)
+        logits = out.logits  # (B, S, K)
         mask, teacher, labels = batch["word_mask"], batch["teacher_logits"], batch["labels"]
         hard = hard_label_loss(logits, labels.clamp(min=0), labels != IGNORE_INDEX)
         with torch.no_grad():
@@ -115,14 +144,19 @@ def tag_distillation_step(temperature: float, alpha: float, labels_only: bool = 
             return {"label_loss": hard}, metrics
         # the teacher's rows are the batch's words in row-major order: logits[mask]'s order
         soft = soft_target_loss(logits[mask], teacher, temperature)
-        return {"distill_loss": soft, "label_loss": alpha * hard}, metrics
+        losses = {"distill_loss": soft, "label_loss": alpha * hard}
+        if transfer is not None:
+            losses.update(teacher_intermediate_losses(teacher_model, transfer, out, inputs, intermediate_weight))
+        return losses, metrics
     return step
 
 
 def tag_distillation_count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Words behind each term's mean: every word for the soft targets, the tagged ones for the labels."""
+    """Units behind each term's mean: every word for the soft targets, the tagged ones for the labels; the
+    real tokens / (query, key) pairs for the intermediate terms."""
     return {"distill_loss": float(batch["word_mask"].sum()),
-            "label_loss": float((batch["labels"] != IGNORE_INDEX).sum())}
+            "label_loss": float((batch["labels"] != IGNORE_INDEX).sum()),
+            **intermediate_counts(batch["attention_mask"])}
 
 
 def _collate(rows: list[dict], logits: np.ndarray, offsets: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
@@ -161,12 +195,22 @@ def tag_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_f
                      student: str | None = None, temperature: float = 2.0, alpha: float = 0.5,
                      max_seq_length: int = 128, eval_batch_size: int = 128,
                      cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
-                     device: str | None = None) -> FinetuneTask:
+                     device: str | None = None, intermediate: Sequence[str] = (),
+                     layer_map: Sequence[int] | None = None, intermediate_weight: float = 1.0,
+                     augment: int = 0, augment_seed: int = 0,
+                     augment_mlm: str | os.PathLike | None = None) -> FinetuneTask:
     """The `FinetuneTask` that distils the tagger in `teacher_dir` into a student (see
     `student.build_student` for `layers` / `student`); the teacher's word logits are computed on `device`
     (default: the GPU if there is one) and cached in `cache_dir` (default: `cache.default_cache_dir`).
     Windows follow the teacher's training (document context or not) at `max_seq_length`.
-    `labels_only`: the control, trained on the gold tags alone (see the module docstring)."""
+    `labels_only`: the control, trained on the gold tags alone (see the module docstring).
+    `intermediate` ("hidden", "attention"), `layer_map`, `intermediate_weight`: TinyBERT's intermediate
+    terms over every real token of a window (`intermediate`; checked by `run.check_options`), the teacher
+    running beside the student on each batch. `augment`: that many augmented copies of each training
+    sentence's words added to the transfer set as untagged sentences (`augment.augmented_transfer` with
+    `augment_seed` and `augment_mlm`; soft targets only)."""
+    if labels_only and intermediate:
+        raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     teacher_dir = Path(teacher_dir)
     config = BertConfig.from_pretrained(teacher_dir)
     if "feature_based" in config.extra:
@@ -183,20 +227,22 @@ def tag_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_f
     dev = family.reader(dev_file) if dev_file is not None else None
     if dev is not None:
         _check_tags(dev, labels, dev_file, teacher_dir)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
+    augmented = augmented_sentences(cache_dir, train, augment, augment_seed, augment_mlm, first=len(extra),
+                                    device=device) if augment else []
 
     tokenizer = BertTokenizer.from_pretrained(teacher_dir)
     pad_id = tokenizer.pad_token_id
-    pieces = word_piece_ids(tokenizer, (w for s in train + extra + (dev or []) for w in s.words))
+    pieces = word_piece_ids(tokenizer, (w for s in train + extra + augmented + (dev or []) for w in s.words))
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     train_windows = build_windows(train, pieces, max_seq_length, cls, sep, label_map, document_context)
-    extra_windows = build_windows(extra, pieces, max_seq_length, cls, sep, None, document_context)
+    extra_windows = build_windows(extra + augmented, pieces, max_seq_length, cls, sep, None, document_context)
     for window in extra_windows:  # untagged: every position ignored by the label loss
         window["labels"] = [IGNORE_INDEX] * len(window["input_ids"])
     features = [{**w, "index": i} for i, w in enumerate(train_windows + extra_windows)]
     dev_windows = build_windows(dev, pieces, max_seq_length, cls, sep, None, document_context) if dev else []
 
     teacher = load_for_inference(BertForTokenClassification, teacher_dir, task=TASK_NAME)
-    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
 
     def outputs_of(windows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
         key = cache_key(teacher_dir, windows, "tag word logits", inputs=("input_ids", "positions"))
@@ -228,7 +274,13 @@ def tag_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_f
         model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=overrides)
         model.config.extra.update({k: overrides[k] for k in ("finetuning_task", CONFIG_DOCUMENT_CONTEXT,
                                                               CONFIG_MAX_SEQ_LENGTH)})
-        return model
+        if not intermediate:
+            return model
+        made["transfer"] = IntermediateTransfer(model.config, config, intermediate, layer_map)
+        return WithTransfer(model, made["transfer"])  # saved and evaluated as the student alone
+
+    if intermediate:
+        teacher.requires_grad_(False)  # it runs beside the student on every batch, never trained
 
     def evaluate(model):
         if dev is not None:
@@ -249,14 +301,23 @@ def tag_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_f
                 "objective": "labels only" if labels_only else "soft targets + labels",
                 "temperature": temperature, "alpha": alpha, "max_seq_length": max_seq_length,
                 "document_context": document_context, "transfer_windows": len(features),
-                "transfer_sentences": len(train) + len(extra), "labelled_sentences": len(train),
-                "unlabeled_sentences": len(extra), "transfer_words": int(offsets[-1]),
+                "transfer_sentences": len(train) + len(extra) + len(augmented), "labelled_sentences": len(train),
+                "unlabeled_sentences": len(extra), "augmented_sentences": len(augmented),
+                "augment": {"copies": augment, "seed": augment_seed, "mlm": None if augment_mlm is None
+                            else str(augment_mlm)} if augmented else None,
+                "transfer_words": int(offsets[-1]),
                 "teacher_outputs": str(cache_dir), "teacher_dev_metrics": teacher_dev}
+        if intermediate:
+            info.update(intermediate=list(intermediate), layer_map=list(layer_map),
+                        intermediate_weight=intermediate_weight)
         write_text_atomic(directory / DISTILL_INFO, json.dumps(info, indent=2) + "\n")
 
     return FinetuneTask(
         name=TASK_NAME, build_model=build_model, tokenizer=tokenizer, train_features=features,
         collate=lambda rows: _collate(rows, logits, offsets, pad_id),
-        step_fn=tag_distillation_step(temperature, alpha, labels_only), evaluate=evaluate, main_metric=main,
+        step_fn=tag_distillation_step(temperature, alpha, labels_only,
+                                      (lambda: (teacher, made["transfer"])) if intermediate else None,
+                                      intermediate_weight),
+        evaluate=evaluate, main_metric=main,
         write_predictions=write_predictions if dev is not None else None,
         lengths=[len(f["input_ids"]) for f in features], count_fn=tag_distillation_count, extra_files=extra_files)

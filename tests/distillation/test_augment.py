@@ -320,7 +320,7 @@ def test_augment_flags_are_checked_before_any_work(encoder, teacher_for_errors, 
     monkeypatch.setitem(run_module.DISTILLERS, "classify",
                         dataclasses.replace(run_module.DISTILLERS["classify"], augmentable=False))
     assert main(common + ["--augment", "1"]) == 2
-    assert "--augment: the classify family's transfer set is not augmented yet (supported: multi-label" in \
+    assert "--augment: the classify family's transfer set is not augmented yet (supported: tag, multi-label" in \
         capsys.readouterr().err
 
 

@@ -285,8 +285,8 @@ def test_student_vocab_end_to_end_and_its_refusals(teacher, save_tiny_checkpoint
     config = BertConfig.from_pretrained(teacher)
     with pytest.raises(ValueError, match="--student-vocab: not for a 'tag' teacher: .*alignment"):
         check_options(teacher, resolve("tag"), config, None, str(student), student_vocab=True)
-    with pytest.raises(ValueError, match="--intermediate: not supported for a 'tag' teacher"):
-        check_options(teacher, resolve("tag"), config, 2, None, intermediate="hidden")
+    with pytest.raises(ValueError, match="--intermediate: not supported for a 'multi-label' teacher"):
+        check_options(teacher, resolve("multi-label"), config, 2, None, intermediate="hidden")
     # the features: the student's ids; the teacher's logits: the teacher's on its own ids
     task = distill_task(teacher, train, output_dir=tmp_path / "t", student=str(student), student_vocab=True,
                         cache_dir=tmp_path / "cache")
