@@ -158,6 +158,8 @@ def study(args) -> dict:
     for task in args.tasks:
         log(f"{task}: teacher ...")
         out = args.keep / task / "teacher"
+        if args.finished_only and not finished(out):
+            raise SystemExit(f"--finished-only: {out} is not a finished teacher")
         teacher = run_bertforge(teacher_command(args, task, out), out)
         result[task] = {"metric": TASKS[task]["metric"], "teacher": {"dir": str(out),
                         "score": teacher["metrics"][TASKS[task]["metric"]], **teacher}, "runs": []}
@@ -172,6 +174,8 @@ def study(args) -> dict:
                             continue  # augmented text has no labels: the control is its augment-0 run
                         name = student_name(layers, objective, augment, seed)
                         out = args.keep / task / name
+                        if args.finished_only and not finished(out):
+                            continue
                         log(f"{task}: {name} ...")
                         run = run_bertforge(student_command(args, task, out, layers, objective, augment, seed), out)
                         record = {"name": name, "dir": str(out), "layers": layers, "objective": objective,
@@ -359,6 +363,8 @@ def main() -> None:
     parser.add_argument("--student-epochs", type=float, help="the students' --epochs (default: distill's)")
     parser.add_argument("--lr", type=float, help="the students' --lr (default: distill's)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--finished-only", action="store_true", help="read back the finished runs only, run "
+                        "none (the summary is over the seeds each group has; e.g. --throughput after a cut-off study)")
     parser.add_argument("--throughput", action="store_true", help="pipeline throughput (quiet machine)")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--throughput-rows", type=int, default=1024, help="the first N dev texts")

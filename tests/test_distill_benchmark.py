@@ -140,6 +140,21 @@ def test_a_second_call_reads_finished_runs_back(study):
     assert {p: p.stat().st_mtime_ns for p in keep.glob("*/*.log")} == logs  # nothing ran again
 
 
+def test_finished_only_reads_back_and_runs_nothing(study):
+    """--finished-only: a seed never run is left out of the summary instead of being run."""
+    keep = study["root"] / "keep"
+    logs = {p: p.stat().st_mtime_ns for p in keep.glob("*/*.log")}
+    flags = list(study["flags"])
+    flags[flags.index("--seeds") + 1] = "0,1,2"
+    done = run_script(*flags, "--finished-only")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert {p: p.stat().st_mtime_ns for p in keep.glob("*/*.log")} == logs
+    assert not list(keep.glob("*/*seed2*"))
+    for task in study["tasks"]:
+        assert result["study"][task]["summary"] == study["result"]["study"][task]["summary"]
+
+
 def test_bad_options_fail_before_any_run(tmp_path):
     done = run_script("--keep", str(tmp_path / "keep"), "--model", str(tmp_path), "--plot", str(tmp_path / "p.png"))
     assert done.returncode == 2 and "--plot needs --throughput" in done.stderr
