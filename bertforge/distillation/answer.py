@@ -53,7 +53,7 @@ from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
-from .intermediate import IntermediateTransfer, WithTransfer, intermediate_counts, teacher_intermediate_losses
+from .intermediate import IntermediateTransfer, intermediate_counts, teacher_intermediate_losses, with_intermediate
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
 
@@ -253,10 +253,8 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
         model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=dict(
             finetuning_task=name, version_2_with_negative=v2))
         model.config.extra.update(finetuning_task=name, version_2_with_negative=v2, squad=vars(settings).copy())
-        if not intermediate:
-            return model
-        made["transfer"] = IntermediateTransfer(model.config, config, intermediate, layer_map)
-        return WithTransfer(model, made["transfer"])  # saved and evaluated as the student alone
+        trained, made["transfer"] = with_intermediate(model, config, intermediate, layer_map)
+        return trained
 
     if intermediate:
         teacher.requires_grad_(False)  # it runs beside the student on every batch, never trained

@@ -52,7 +52,7 @@ from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
-from .intermediate import IntermediateTransfer, WithTransfer, intermediate_losses
+from .intermediate import IntermediateTransfer, intermediate_losses, with_intermediate
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
 from .student import build_student
 
@@ -237,10 +237,8 @@ def classify_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, tr
 
     def build_model():
         model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=overrides)
-        if not intermediate:
-            return model
-        made["transfer"] = IntermediateTransfer(model.config, config, intermediate, layer_map)
-        return WithTransfer(model, made["transfer"])  # saved and evaluated as the student alone
+        trained, made["transfer"] = with_intermediate(model, config, intermediate, layer_map)
+        return trained
 
     if intermediate:
         teacher.requires_grad_(False)  # it runs beside the student on every batch, never trained

@@ -33,7 +33,7 @@ from .student import student_config, student_layers
 
 __all__ = ["INTERMEDIATE_KINDS", "IntermediateTransfer", "WithTransfer", "intermediate_losses", "layer_map_for",
            "intermediate_counts", "parse_intermediate", "parse_layer_map", "teacher_intermediate_losses",
-           "uniform_layer_map"]
+           "uniform_layer_map", "with_intermediate"]
 
 INTERMEDIATE_KINDS = ("hidden", "attention")
 
@@ -169,3 +169,14 @@ class WithTransfer(nn.Module):
 
     def save_pretrained(self, directory, *args, **kwargs):
         return self.student.save_pretrained(directory, *args, **kwargs)
+
+
+def with_intermediate(student: nn.Module, teacher_config: BertConfig, kinds: Sequence[str],
+                      layer_map: Sequence[int] | None) -> tuple[nn.Module, IntermediateTransfer | None]:
+    """The module the engine trains: the student alone without `kinds`, else the student wrapped with the
+    `IntermediateTransfer` of its projections (`WithTransfer`: saved and evaluated as the student alone);
+    and that transfer (None without `kinds`)."""
+    if not kinds:
+        return student, None
+    transfer = IntermediateTransfer(student.config, teacher_config, kinds, layer_map)
+    return WithTransfer(student, transfer), transfer

@@ -54,7 +54,7 @@ from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
-from .intermediate import IntermediateTransfer, WithTransfer, intermediate_counts, teacher_intermediate_losses
+from .intermediate import IntermediateTransfer, intermediate_counts, teacher_intermediate_losses, with_intermediate
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
 
@@ -274,10 +274,8 @@ def tag_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, train_f
         model, made["student"] = build_student(teacher, layers=layers, student=student, head_overrides=overrides)
         model.config.extra.update({k: overrides[k] for k in ("finetuning_task", CONFIG_DOCUMENT_CONTEXT,
                                                               CONFIG_MAX_SEQ_LENGTH)})
-        if not intermediate:
-            return model
-        made["transfer"] = IntermediateTransfer(model.config, config, intermediate, layer_map)
-        return WithTransfer(model, made["transfer"])  # saved and evaluated as the student alone
+        trained, made["transfer"] = with_intermediate(model, config, intermediate, layer_map)
+        return trained
 
     if intermediate:
         teacher.requires_grad_(False)  # it runs beside the student on every batch, never trained
