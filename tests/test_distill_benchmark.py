@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.distillation import DISTILLERS
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "distill.py"
@@ -24,8 +23,6 @@ NEGATIVE = ["bad", "awful", "poor", "dull"]
 FILLER = ["the", "film", "was", "a", "plot", "very", "story", "and"]
 NAMES = ["paris", "london", "john", "mary"]
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ","] + POSITIVE + NEGATIVE + FILLER + NAMES
-# The tag distiller comes from another branch; its part of the study runs once it is registered.
-TAG_DISTILLER = "tag" in DISTILLERS
 
 
 def write_sst2(glue: Path, train: int, dev: int) -> None:
@@ -69,7 +66,7 @@ def study(tmp_path_factory, save_tiny_checkpoint):
                                  max_position_embeddings=128)  # the commands' max length
     write_sst2(root / "glue", train=48, dev=20)
     write_conll(root / "conll", train=24, dev=10)
-    tasks = "sst2,conll" if TAG_DISTILLER else "sst2"
+    tasks = "sst2,conll"
     flags = ["--keep", str(root / "keep"), "--model", str(model), "--glue-dir", str(root / "glue"), "--conll-dir",
              str(root / "conll"), "--tasks", tasks, "--layers", "1", "--seeds", "0,1", "--teacher-epochs", "1",
              "--student-epochs", "1", "--threads", "1"]
@@ -194,7 +191,6 @@ def test_goal_reads_the_3_layer_distilled_student():
     assert got["int8"]["speedup_vs_teacher_fp32"] == pytest.approx(3.9) and not got["int8"]["met"]
 
 
-@pytest.mark.skipif(not TAG_DISTILLER, reason="the tag distiller (branch dtag) is not registered yet")
 def test_the_conll_part_scores_entities(study):
     assert "conll" in study["tasks"]
     entry = study["result"]["study"]["conll"]
