@@ -170,9 +170,10 @@ def model_flops(batch: dict[str, torch.Tensor], hidden: int, layers: int, vocab:
 # -- timing --------------------------------------------------------------------------------------------------
 
 def time_alternating(sides: dict, batches: dict, steps: int, repeats: int, warmup: int,
-                     device: torch.device) -> dict[str, float]:
+                     device: torch.device, profile: tuple[str | None, str] = (None, "")) -> dict[str, float]:
     """Median seconds per step of each side: `warmup` untimed steps each, then `repeats` rounds of
-    `steps` steps each, the sides alternating which goes first."""
+    `steps` steps each, the sides alternating which goes first. With `profile` (a file, a label), each
+    side's steps are then profiled once more (`profile_sides`)."""
     names = list(sides)
     for name in names:
         for i in range(warmup):
@@ -187,7 +188,30 @@ def time_alternating(sides: dict, batches: dict, steps: int, repeats: int, warmu
                 sides[name](batches[name][i % len(batches[name])])
             sync(device)
             seconds[name].append((time.perf_counter() - start) / steps)
+    if profile[0]:
+        profile_sides(sides, batches, steps, device, *profile)
     return {name: statistics.median(values) for name, values in seconds.items()}
+
+
+def profile_sides(sides: dict, batches: dict, steps: int, device: torch.device, path: str, label: str) -> None:
+    """Append to `path` each side's top operators over `steps` steps (torch.profiler, sorted by the device's
+    own time; the CPU's on the CPU): where a side's time goes, and whether the host keeps the GPU busy."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with open(path, "a", encoding="utf-8") as out:
+        for name in sides:
+            sync(device)
+            wall = time.perf_counter()
+            with profile(activities=activities) as prof:
+                for i in range(steps):
+                    sides[name](batches[name][i % len(batches[name])])
+                sync(device)
+            wall = time.perf_counter() - wall
+            table = prof.key_averages().table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total",
+                                              row_limit=30, max_name_column_width=60)
+            out.write(f"== {label} / {name}: {steps} steps, {wall:.4f} s under the profiler ==\n{table}\n")
 
 
 def is_oom(error: BaseException) -> bool:
@@ -269,7 +293,8 @@ def pretrain_part(config, args, device, scratch: Path, generator: torch.Generato
                 try:
                     seconds = time_alternating({"bertforge": sides.ours_step, "transformers": sides.peer_step},
                                                {"bertforge": batches, "transformers": peer_batches},
-                                               args.steps, args.repeats, args.warmup, device)
+                                               args.steps, args.repeats, args.warmup, device,
+                                               (args.profile, f"pretrain seq {seq} batch {size}"))
                     break
                 except RuntimeError as error:
                     if not is_oom(error) or size == 1:
@@ -315,7 +340,7 @@ def finetune_part(config, args, device, scratch: Path, generator: torch.Generato
                  "transformers_group_by_length": sides.peer_step},
                 {"bertforge": random_batches, "transformers_dynamic_padding": random_batches,
                  "transformers_group_by_length": grouped},
-                args.steps, args.repeats, args.warmup, device)
+                args.steps, args.repeats, args.warmup, device, (args.profile, f"finetune {kind}"))
             examples = args.finetune_batch
             row = {"batch": examples, "mean_length": statistics.mean(pool),
                    "padding_share_dynamic": 1 - sum(map(real_tokens, random_batches))
@@ -365,7 +390,8 @@ def inference_part(config, args, device, scratch: Path, generator: torch.Generat
         seconds = time_alternating({"bertforge": lambda b: embed(ours, b, True),
                                     "transformers": lambda b: embed(peer, b, False)},
                                    {"bertforge": batches, "transformers": batches},
-                                   args.steps, args.repeats, args.warmup, device)
+                                   args.steps, args.repeats, args.warmup, device,
+                                   (args.profile, f"inference batch {size}"))
         row = {"dtype": dtype}
         for name, value in seconds.items():
             row[name] = {"seconds_per_batch": value, "sentences_per_second": size / value}
@@ -467,6 +493,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per side")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per side first")
+    parser.add_argument("--profile", metavar="FILE", default=None,
+                        help="after each timing, profile each side's steps once more and append the top "
+                             "operators to FILE (not part of the timed figures)")
     args = parser.parse_args(argv)
     tiny = args.tiny
     args.pretrain_batch = args.pretrain_batch or (4 if tiny else 256)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 51's one device call: the CUDA tests (`pytest -m cuda`), then benchmarks/gpu.py, on one H100/H200.
 # Everything lands in $OUT (default ./gpu_out): cuda_tests.log, gpu.json (the benchmark's one JSON line),
-# gpu.log (its progress), env.txt (GPU, driver, torch). Designed to end well inside 9 minutes: the tests
-# take about a minute, the benchmark is capped at 7 (`timeout`), and each part of it logs as it goes.
+# gpu.log (its progress), profile.txt (each side's top operators per case), env.txt (GPU, driver, torch).
+# Capped at 7.5 minutes (`timeout`: 2 for the tests, 5.5 for the benchmark), each part logging as it goes,
+# so that a 15-minute device lease leaves time for a second call.
 #
 # The device image has torch, transformers, tokenizers, scipy, scikit-learn and pytest, but not seqeval
 # (which `import bertforge` needs). Prepare it once here, in the repository root (.whl/ is git-ignored):
@@ -35,11 +36,11 @@ fi
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-timeout 150 "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider tests/test_cuda.py \
+timeout 120 "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider tests/test_cuda.py \
   tests/modeling/test_inference_paths.py 2>&1 | tee "$OUT/cuda_tests.log"
 tests=$?
 
-timeout 420 "$PY" benchmarks/gpu.py ${BENCH_ARGS:-} > "$OUT/gpu.json" 2> >(tee "$OUT/gpu.log" >&2)
+timeout 330 "$PY" benchmarks/gpu.py --profile "$OUT/profile.txt" ${BENCH_ARGS:-} > "$OUT/gpu.json" 2> >(tee "$OUT/gpu.log" >&2)
 bench=$?
 echo "cuda tests: exit $tests; benchmark: exit $bench"
 [ "$tests" -eq 0 ] && [ "$bench" -eq 0 ]

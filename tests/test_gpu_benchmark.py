@@ -70,3 +70,14 @@ def test_the_peak_is_read_from_the_device_name():
     for name, tflops in names.items():
         assert next(value for key, value, _ in gpu.PEAK_BF16 if key in name) == tflops
     assert not any(key in "Tesla T4" for key, _, _ in gpu.PEAK_BF16)
+
+
+def test_profile_appends_each_sides_top_operators(tmp_path):
+    profile = tmp_path / "profile.txt"
+    done = run_tiny("--parts", "inference", "--profile", str(profile))
+    assert done.returncode == 0, done.stderr
+    text = profile.read_text()
+    for size in (4, 8):
+        for side in ("bertforge", "transformers"):
+            assert f"== inference batch {size} / {side}: 1 steps" in text
+    assert "aten::" in text  # an operator table, not only headers
