@@ -37,6 +37,7 @@ each timed repeat (`--repeats`), timed with the device synchronised before and a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import statistics
@@ -224,7 +225,7 @@ class Sides:
     """bertforge's model and the peer's, same weights, on the device, with a training step each."""
 
     def __init__(self, kind: str, config, device: torch.device, scratch: Path, precision: str = "bf16",
-                 lr: float = 1e-4):
+                 lr: float = 1e-4, compiled: bool = False):
         import transformers
 
         from bertforge import modeling
@@ -248,6 +249,13 @@ class Sides:
                                  weight_decay=0.01, max_grad_norm=1.0, progress=False, precision=precision,
                                  device=str(device))
         self.trainer = Trainer(ours, args, [0], lambda items: items, step, count_fn=counts)
+        self.compiled_trainer = None
+        if compiled:  # a second bertforge model, the same weights, its per-token parts compiled (--compile)
+            twin = getattr(modeling, kind).from_pretrained(folder)
+            if kind != "BertForPreTraining":
+                modeling.use_unpadded(twin)
+            self.compiled_trainer = Trainer(twin, dataclasses.replace(args, compile=True), [0], lambda items: items,
+                                            step, count_fn=counts)
         self.ours = self.trainer.module
         self.peer_optimizer = torch.optim.AdamW(self.peer.parameters(), lr=lr, weight_decay=0.01, eps=1e-6,
                                                 fused=True)
@@ -255,6 +263,16 @@ class Sides:
 
     def ours_step(self, batch: dict[str, torch.Tensor]) -> None:
         self.trainer.train_step([batch])
+
+    def compiled_step(self, batch: dict[str, torch.Tensor]) -> None:
+        self.compiled_trainer.train_step([batch])
+
+    def sides(self, peers: dict) -> dict:
+        """The step functions by name: bertforge, bertforge_compiled (with --compile), then `peers`."""
+        out = {"bertforge": self.ours_step}
+        if self.compiled_trainer is not None:
+            out["bertforge_compiled"] = self.compiled_step
+        return {**out, **peers}
 
     def peer_step(self, batch: dict[str, torch.Tensor]) -> None:
         inputs = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
@@ -266,7 +284,7 @@ class Sides:
         self.peer_optimizer.zero_grad(set_to_none=True)
 
     def close(self) -> None:
-        del self.trainer, self.ours, self.peer, self.peer_optimizer
+        del self.trainer, self.compiled_trainer, self.ours, self.peer, self.peer_optimizer
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -282,7 +300,7 @@ def classification_step(model, batch: dict[str, torch.Tensor]):
 
 def pretrain_part(config, args, device, scratch: Path, generator: torch.Generator) -> dict:
     peak, _ = peak_flops(device)
-    sides = Sides("BertForPreTraining", config, device, scratch)
+    sides = Sides("BertForPreTraining", config, device, scratch, compiled=args.compile)
     results = {}
     try:
         for seq in args.seq_lengths:
@@ -291,8 +309,9 @@ def pretrain_part(config, args, device, scratch: Path, generator: torch.Generato
                 batches = [pretraining_batch(size, seq, config.vocab_size, generator) for _ in range(args.batches)]
                 peer_batches = [peer_pretraining_inputs(b) for b in batches]
                 try:
-                    seconds = time_alternating({"bertforge": sides.ours_step, "transformers": sides.peer_step},
-                                               {"bertforge": batches, "transformers": peer_batches},
+                    steps = sides.sides({"transformers": sides.peer_step})
+                    seconds = time_alternating(steps, {name: peer_batches if name == "transformers" else batches
+                                                       for name in steps},
                                                args.steps, args.repeats, args.warmup, device,
                                                (args.profile, f"pretrain seq {seq} batch {size}"))
                     break
@@ -301,6 +320,8 @@ def pretrain_part(config, args, device, scratch: Path, generator: torch.Generato
                         raise
                 # out of memory: the failed step's tensors are freed with the exception; try half the batch
                 sides.trainer.optimizer.zero_grad(set_to_none=True)
+                if sides.compiled_trainer is not None:
+                    sides.compiled_trainer.optimizer.zero_grad(set_to_none=True)
                 sides.peer_optimizer.zero_grad(set_to_none=True)
                 torch.cuda.empty_cache()
                 log(f"seq {seq}: batch {size} does not fit both sides: halved")
@@ -314,6 +335,8 @@ def pretrain_part(config, args, device, scratch: Path, generator: torch.Generato
                 row[name] = {"seconds_per_step": value, "tokens_per_second": tokens / value,
                              "mfu": flops / value / peak if peak else None}
             row["speedup"] = seconds["transformers"] / seconds["bertforge"]
+            if "bertforge_compiled" in seconds:
+                row["speedup_compiled"] = seconds["transformers"] / seconds["bertforge_compiled"]
             results[f"seq{seq}"] = row
             log(f"pretrain seq {seq} batch {size}: speed-up {row['speedup']:.2f}x, "
                 f"MFU {row['bertforge']['mfu']}")
@@ -326,7 +349,7 @@ def finetune_part(config, args, device, scratch: Path, generator: torch.Generato
     from bertforge.modeling import BertConfig
 
     classifier = BertConfig.from_dict({**config.to_dict(), "num_labels": 2})
-    sides = Sides("BertForSequenceClassification", classifier, device, scratch, lr=2e-5)
+    sides = Sides("BertForSequenceClassification", classifier, device, scratch, lr=2e-5, compiled=args.compile)
     results = {}
     try:
         for kind in ("sst2", "mrpc"):
@@ -335,11 +358,10 @@ def finetune_part(config, args, device, scratch: Path, generator: torch.Generato
             random_batches = [sentence_batch(lengths, config.vocab_size, generator) for lengths in shuffled]
             grouped = [sentence_batch(lengths, config.vocab_size, generator)
                        for lengths in grouped_by_length(pool, args.finetune_batch, generator)]
+            steps = sides.sides({"transformers_dynamic_padding": sides.peer_step,
+                                 "transformers_group_by_length": sides.peer_step})
             seconds = time_alternating(
-                {"bertforge": sides.ours_step, "transformers_dynamic_padding": sides.peer_step,
-                 "transformers_group_by_length": sides.peer_step},
-                {"bertforge": random_batches, "transformers_dynamic_padding": random_batches,
-                 "transformers_group_by_length": grouped},
+                steps, {name: grouped if name == "transformers_group_by_length" else random_batches for name in steps},
                 args.steps, args.repeats, args.warmup, device, (args.profile, f"finetune {kind}"))
             examples = args.finetune_batch
             row = {"batch": examples, "mean_length": statistics.mean(pool),
@@ -351,6 +373,9 @@ def finetune_part(config, args, device, scratch: Path, generator: torch.Generato
                 row[name] = {"seconds_per_step": value, "examples_per_second": examples / value}
             row["speedup_vs_dynamic_padding"] = seconds["transformers_dynamic_padding"] / seconds["bertforge"]
             row["speedup_vs_group_by_length"] = seconds["transformers_group_by_length"] / seconds["bertforge"]
+            if "bertforge_compiled" in seconds:
+                row["compiled_speedup_vs_dynamic_padding"] = (seconds["transformers_dynamic_padding"]
+                                                              / seconds["bertforge_compiled"])
             results[kind] = row
             log(f"finetune {kind}: {row['speedup_vs_dynamic_padding']:.2f}x dynamic padding, "
                 f"{row['speedup_vs_group_by_length']:.2f}x group_by_length")
@@ -369,6 +394,8 @@ def inference_part(config, args, device, scratch: Path, generator: torch.Generat
     ours = BertModel(config)
     ours.save_pretrained(scratch / "encoder")
     dtype = "bf16"
+    compiled = (optimize_for_inference(BertModel.from_pretrained(scratch / "encoder").to(device), dtype=dtype,
+                                       compile=True) if args.compile else None)
     ours = optimize_for_inference(ours.to(device), dtype=dtype)
     peer = transformers.BertModel.from_pretrained(scratch / "encoder", attn_implementation="sdpa")
     peer = peer.to(device=device, dtype=torch.bfloat16).eval()
@@ -387,18 +414,22 @@ def inference_part(config, args, device, scratch: Path, generator: torch.Generat
     for size in args.inference_batches:
         batches = [sentence_batch(sentence_lengths("sst2", size, generator), config.vocab_size, generator,
                                   labels=False) for _ in range(args.batches)]
-        seconds = time_alternating({"bertforge": lambda b: embed(ours, b, True),
-                                    "transformers": lambda b: embed(peer, b, False)},
-                                   {"bertforge": batches, "transformers": batches},
+        steps = {"bertforge": lambda b: embed(ours, b, True)}
+        if compiled is not None:
+            steps["bertforge_compiled"] = lambda b: embed(compiled, b, True)
+        steps["transformers"] = lambda b: embed(peer, b, False)
+        seconds = time_alternating(steps, {name: batches for name in steps},
                                    args.steps, args.repeats, args.warmup, device,
                                    (args.profile, f"inference batch {size}"))
         row = {"dtype": dtype}
         for name, value in seconds.items():
             row[name] = {"seconds_per_batch": value, "sentences_per_second": size / value}
         row["speedup"] = seconds["transformers"] / seconds["bertforge"]
+        if compiled is not None:
+            row["speedup_compiled"] = seconds["transformers"] / seconds["bertforge_compiled"]
         results[f"batch{size}"] = row
         log(f"inference batch {size}: speed-up {row['speedup']:.2f}x")
-    del ours, peer
+    del ours, peer, compiled
     return results
 
 
@@ -493,6 +524,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per side")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per side first")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time bertforge with its per-token parts compiled (`--compile` of pretrain and "
+                             "finetune, optimize_for_inference(compile=True)): rows bertforge_compiled")
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="after each timing, profile each side's steps once more and append the top "
                              "operators to FILE (not part of the timed figures)")

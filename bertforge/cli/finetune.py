@@ -18,7 +18,7 @@ from .flags import add_settings_flags, settings_from_args
 # The FinetuneArguments fields every task takes as flags, in --help's order (after --lr, --lr-grid, --seeds).
 SHARED_FLAGS = ("epochs", "batch_size", "grad_accum", "max_steps", "warmup_ratio", "weight_decay", "max_grad_norm",
                 "precision", "seed", "eval_every", "eval_batch_size", "log_every", "save_every", "resume",
-                "max_minutes", "group_by_length", "unpad", "num_threads", "device", "progress")
+                "max_minutes", "group_by_length", "unpad", "compile", "num_threads", "device", "progress")
 
 
 def _lr_list(text: str) -> list[float]:

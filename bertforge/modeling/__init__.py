@@ -8,7 +8,7 @@ inference.py (bf16, int8, unpadded inference), modes.py (evaluation mode for a b
 + tf_bundle.py (Google's TF checkpoints).
 """
 
-from .bert import BertModel, EncoderOutput, use_unpadded
+from .bert import BertModel, EncoderOutput, compile_per_token_parts, use_unpadded
 from .config import PRESETS, BertConfig
 from .heads import (
     BertForMaskedLM,
@@ -30,5 +30,5 @@ __all__ = [
     "BertForSequenceClassification", "BertForTokenClassification", "BertForQuestionAnswering",
     "BertForMultipleChoice", "PreTrainingOutput", "TaskOutput", "QuestionAnsweringOutput",
     "LoadReport", "PreTrainedBert", "optimize_for_inference", "load_for_inference", "require_trained_head",
-    "quantize_int8", "Int8Linear", "use_unpadded",
+    "quantize_int8", "Int8Linear", "use_unpadded", "compile_per_token_parts",
 ]

@@ -42,6 +42,7 @@ from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from tqdm.auto import tqdm
 
+from ..modeling import compile_per_token_parts
 from ..modeling.packing import keep_host_copy
 from . import checkpoint as ckpt
 from .distributed import DistributedContext, configure_threads, grad_scaler, setup, wrap_model
@@ -145,6 +146,8 @@ class Trainer(TrainingState, Evaluation):
         if self.device.type == "cpu" and args.keep_freed_memory:
             keep_freed_memory()
         self.module = model.to(self.device)  # the bare model: what is saved and evaluated
+        if args.compile:
+            compile_per_token_parts(self.module)  # in place: the same module types and state_dict keys
         self.model = self._wrap(self.module)  # what step_fn calls: the module, or its DDP / FSDP wrapper
         self.optimizer = (optimizer_fn or self._default_optimizer)(self.model)
 

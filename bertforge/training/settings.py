@@ -68,6 +68,8 @@ class TrainingSettings:
     num_threads: int | None = setting(None, "torch threads per process")
     device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: the GPU if there is one)")
     fsdp: bool = setting(False, "FullyShardedDataParallel under torchrun (GPU-oriented)")
+    compile: bool = setting(False, "torch.compile the per-token parts of each layer (dense + GELU, dense + dropout + "
+                                   "residual + LayerNorm): fused kernels on a GPU; the first steps compile")
     progress: bool = setting(True, "no progress bar")  # the flag is --no-progress
     max_minutes: float | None = setting(
         None, "wall-clock budget: when spent, stop as if at the last step (final evaluation, checkpoint and "

@@ -385,3 +385,26 @@ def test_low_precision_plans_stay_within_budget(minilm_dir, minilm, sentences, d
     first = classifier.bert(**sentences, cls_only=True).last_hidden_state[:, 0]  # [CLS]-only last layer
     full = classifier.bert(**sentences).last_hidden_state[:, 0]
     assert F.cosine_similarity(first.float(), full.float()).min() >= budget
+
+
+def test_compile_per_token_parts_keeps_types_and_checkpoint_keys():
+    from bertforge.modeling import compile_per_token_parts
+    from bertforge.modeling.bert import FeedForwardExpansion, ResidualLayerNorm
+
+    model = BertForSequenceClassification(BertConfig.preset("tiny", num_labels=2))
+    keys = list(model.state_dict())
+    layers = model.config.num_hidden_layers
+    assert compile_per_token_parts(model) == 3 * layers  # one expansion and two Add & Norms per layer
+    assert list(model.state_dict()) == keys  # checkpoints unchanged: no `_orig_mod.` prefix
+    parts = [m for m in model.modules() if isinstance(m, (FeedForwardExpansion, ResidualLayerNorm))]
+    assert len(parts) == 3 * layers and all(m._compiled_call_impl is not None for m in parts)
+
+
+def test_the_trainer_compiles_when_asked(tmp_path):
+    from bertforge.modeling.bert import FeedForwardExpansion
+    from bertforge.training import Trainer, TrainingArguments
+
+    model = BertForSequenceClassification(BertConfig.preset("tiny", num_labels=2))
+    args = TrainingArguments(str(tmp_path), batch_size=1, max_steps=1, progress=False, compile=True, device="cpu")
+    Trainer(model, args, [0], lambda items: items, lambda m, b: None)
+    assert all(m._compiled_call_impl is not None for m in model.modules() if isinstance(m, FeedForwardExpansion))
