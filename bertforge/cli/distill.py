@@ -71,11 +71,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "version: 2.0 has unanswerable questions (default: the teacher's, else 1.1)")
     p.add_argument("--doc-stride", type=int, help="a SQuAD teacher: tokens between the starts of passage windows "
                    "(default: the teacher's, else 128)")
+    p.add_argument("--tune-threshold", action="store_true", default=None, help="a SQuAD 2.0 teacher: choose the "
+                   "student's own no-answer threshold on --dev-file (saved with it; default: the teacher's)")
     _add_finetune_flags(p, lr=None, batch_size=None, max_seq_length=None, model=False)
     p.set_defaults(func=run, check=check)
 
 # Every family's own flags (their `dest`) with the flag's name: given for a teacher of another family, refused.
-FAMILY_FLAGS = {"version": "--version", "doc_stride": "--doc-stride"}
+FAMILY_FLAGS = {"version": "--version", "doc_stride": "--doc-stride", "tune_threshold": "--tune-threshold"}
 
 
 def check(args: argparse.Namespace) -> None:

@@ -25,7 +25,8 @@ passage) are added, each × `intermediate_weight`.
 
 `labels_only=True` is the control: the same student, windows and engine trained on `label_loss` alone,
 weight 1. Evaluation on --dev-file is `finetune squad`'s (exact match and F1 through Google's
-postprocessing; v2.0 with the no-answer threshold of the settings), plus the share of dev windows whose
+postprocessing; v2.0 with the teacher's no-answer threshold, or with `tune_threshold` the student's own, chosen
+on dev and saved with it), plus the share of dev windows whose
 best start (end) position is the teacher's; without --dev-file, the student is judged by that agreement
 on the training file's windows. The student is a normal `finetune squad` checkpoint (`finetuning_task`,
 `version_2_with_negative` and the window settings in its config.json).
@@ -48,7 +49,7 @@ from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
 from ..tasks.registry import TaskFamily
 from ..tasks.squad import SQUAD_DEFAULTS, predict_logits
 from ..tasks.squad_data import SquadSettings, check_alignment, collate, convert_examples_to_features, read_squad_file
-from ..tasks.squad_postprocess import postprocess, write_squad_predictions
+from ..tasks.squad_postprocess import postprocess, tune_null_threshold, write_squad_predictions
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .cache import cache_key, default_cache_dir, teacher_outputs
@@ -171,14 +172,17 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
                         cache_dir: str | os.PathLike | None = None, labels_only: bool = False,
                         device: str | None = None, version: str | None = None,
                         doc_stride: int | None = None, intermediate: Sequence[str] = (),
-                        layer_map: Sequence[int] | None = None, intermediate_weight: float = 1.0) -> FinetuneTask:
+                        layer_map: Sequence[int] | None = None, intermediate_weight: float = 1.0,
+                        tune_threshold: bool | None = None) -> FinetuneTask:
     """The `FinetuneTask` that distils the SQuAD model in `teacher_dir` into a student (see
     `student.build_student` for `layers` / `student`); `version` / `doc_stride`: --version (when the
     teacher does not say) and --doc-stride (default: the teacher's). The teacher's logits are computed on
     `device` (default: the GPU if there is one) and cached in `cache_dir` (default:
     `cache.default_cache_dir`). `unlabeled` text has no question: refused. `intermediate` ("hidden",
     "attention"), `layer_map`, `intermediate_weight`: TinyBERT's intermediate terms (`intermediate`; checked
-    by `run.check_options`), the teacher running beside the student on each batch."""
+    by `run.check_options`), the teacher running beside the student on each batch. `tune_threshold` (SQuAD
+    2.0, with a dev file): the student's own no-answer threshold, chosen on dev at each evaluation to maximise
+    F1 and saved with it, as `finetune squad --tune-threshold` (else the teacher's threshold is kept)."""
     if labels_only and intermediate:
         raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     if unlabeled:
@@ -188,6 +192,11 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
     config = BertConfig.from_pretrained(teacher_dir)
     resolved = teacher_version(config, version)
     v2 = resolved == "2.0"
+    if tune_threshold and not v2:
+        raise ValueError(f"--tune-threshold chooses the no-answer threshold of SQuAD 2.0; {teacher_dir} answers "
+                         f"SQuAD {resolved}")
+    if tune_threshold and dev_file is None:
+        raise ValueError("--tune-threshold chooses the no-answer threshold on dev: give --dev-file")
     stored = config.extra.get("squad") or {}
     known = set(vars(SquadSettings()))
     values = {k: v for k, v in stored.items() if k in known}
@@ -230,14 +239,19 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
     dev_logits = outputs_of(dev_features.features) if dev is not None else None
     teacher.to("cpu")  # from here on only copied from (the student's initial weights)
 
-    def answers(window_logits: Sequence[tuple[np.ndarray, np.ndarray]]):
+    def answers(window_logits: Sequence[tuple[np.ndarray, np.ndarray]], tune: bool = False):
+        """(predictions, metrics, the official script's output) on dev; `tune`: at the threshold that
+        maximises dev F1 (`tune_null_threshold`), else the teacher's."""
         predictions = postprocess(dev.examples, dev_features, window_logits, n_best_size=settings.n_best_size,
                                   max_answer_length=settings.max_answer_length, version_2_with_negative=v2,
                                   null_score_diff_threshold=settings.null_score_diff_threshold)
         if not v2:
             return predictions, squad_metrics(dev.dataset, predictions.predictions, resolved), \
                 evaluate_v1(dev.dataset, predictions.predictions)
+        if tune:
+            predictions = predictions.with_threshold(tune_null_threshold(dev.dataset, predictions))
         metrics = squad_metrics(dev.dataset, predictions.predictions, resolved, predictions.null_odds)
+        metrics["null_score_diff_threshold"] = predictions.null_score_diff_threshold
         return predictions, metrics, evaluate_v2(dev.dataset, predictions.predictions, predictions.null_odds)
 
     teacher_dev = None
@@ -277,7 +291,10 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
             window_logits = predict_logits(model, features, eval_batch_size, pad_id)
             return agreement(window_logits, logits, features), None
         window_logits = predict_logits(model, dev_features.features, eval_batch_size, pad_id)
-        predictions, metrics, official = answers(window_logits)
+        predictions, metrics, official = answers(window_logits, tune=bool(tune_threshold))
+        if tune_threshold:  # the chosen threshold is part of the student: `predict` and the pipeline read it
+            model.config.extra["squad"] = {**model.config.extra.get("squad", {}),
+                                           "null_score_diff_threshold": predictions.null_score_diff_threshold}
         metrics.update(agreement(window_logits, dev_logits, dev_features.features))
         return metrics, (predictions, official)
 
@@ -299,6 +316,7 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
                 "teacher_layers": config.num_hidden_layers, **made.get("student", {}),
                 "objective": "labels only" if labels_only else "soft targets + labels",
                 "temperature": temperature, "alpha": alpha, "version": resolved, "squad": vars(settings),
+                "tune_threshold": bool(tune_threshold),
                 "transfer_examples": len(train.examples), "transfer_windows": len(features),
                 "teacher_outputs": str(cache_dir), "teacher_dev_metrics": teacher_dev}
         if intermediate:

@@ -73,7 +73,7 @@ DISTILLERS: dict[str, Distiller] = {
                      dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0), augmentable=True,
                      head_proves_training=True),
     "answer": Distiller(("qa_outputs.weight", "qa_outputs.bias"), answer.answer_distill_task, answer.ANSWER_RECIPE,
-                        options=("version", "doc_stride"), recipe_for=answer.answer_recipe,
+                        options=("version", "doc_stride", "tune_threshold"), recipe_for=answer.answer_recipe,
                         head_proves_training=True),
     "multi-label": Distiller(("classifier.weight", "classifier.bias"), multi_label.multi_label_distill_task,
                              dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), augmentable=True),

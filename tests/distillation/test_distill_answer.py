@@ -234,7 +234,8 @@ def test_errors_are_one_line_before_any_work(squad_files, squad_teacher, tmp_pat
     base = ["distill", "--teacher", str(squad_teacher), "--output-dir", str(tmp_path / "s"), "--train-file", str(train)]
     for extra, message in ((["--version", "2.0"], "--version 2.0: the teacher was fine-tuned on SQuAD 1.1"),
                            (["--doc-stride", "60"], "--doc-stride (60) must be less than"),
-                           (["--unlabeled", str(train)], "--unlabeled: an answer teacher's transfer set")):
+                           (["--unlabeled", str(train)], "--unlabeled: an answer teacher's transfer set"),
+                           (["--tune-threshold"], "--tune-threshold chooses the no-answer threshold of SQuAD 2.0")):
         assert main(base + extra) == 2
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, err
@@ -253,6 +254,9 @@ def test_the_answer_flags_are_refused_for_another_family(squad_teacher, tmp_path
                  str(train), "--doc-stride", "16"]) == 2
     err = capsys.readouterr().err
     assert "--doc-stride applies to another family's teacher" in err and "is a classify model" in err
+    assert main(["distill", "--teacher", str(classify), "--output-dir", str(tmp_path / "s"), "--train-file",
+                 str(train), "--tune-threshold"]) == 2
+    assert "--tune-threshold applies to another family's teacher" in capsys.readouterr().err
 
 
 def test_a_squad_2_teacher_distils_with_its_version_and_recipe(shared_data, squad_teacher, tmp_path, capsys,
@@ -295,6 +299,19 @@ def test_a_squad_2_teacher_distils_with_its_version_and_recipe(shared_data, squa
     assert {"f1", "HasAns_f1", "NoAns_f1", "teacher_agreement"} <= set(metrics)
     assert (student / "null_odds.json").is_file()
     assert json.loads((student / "distillation.json").read_text())["version"] == "2.0"
+    # --tune-threshold: the same student (same seed, one step) at the threshold that maximises its dev F1,
+    # which it keeps in its config.json for `predict` and the pipeline
+    tuned = tmp_path / "tuned"
+    assert main(["distill", "--teacher", str(teacher), "--output-dir", str(tuned), "--layers", "1",
+                 "--train-file", str(files["train"]), "--dev-file", str(files["dev"]), "--max-steps", "1",
+                 "--no-progress", "--tune-threshold"]) == 0
+    tuned_metrics = json.loads((tuned / "eval_results.json").read_text())["metrics"]
+    assert tuned_metrics["f1"] >= metrics["f1"] and metrics["null_score_diff_threshold"] == 0.0
+    threshold = json.loads((tuned / "config.json").read_text())["squad"]["null_score_diff_threshold"]
+    assert threshold == tuned_metrics["null_score_diff_threshold"]
+    assert main(["distill", "--teacher", str(teacher), "--output-dir", str(tmp_path / "no-dev"), "--layers", "1",
+                 "--train-file", str(files["train"]), "--tune-threshold"]) == 2
+    assert "--tune-threshold chooses the no-answer threshold on dev: give --dev-file" in capsys.readouterr().err
     # the v1.1 teacher refuses this data, naming the question
     assert main(["distill", "--teacher", str(squad_teacher), "--output-dir", str(tmp_path / "v1"), "--train-file",
                  str(files["train"])]) == 2
