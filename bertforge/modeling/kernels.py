@@ -35,7 +35,7 @@ def onednn_linear_op():
 
     Why: for BERT's shapes on a CPU it is faster than the BLAS (MKL) call behind `F.linear`, most of all
     on CPUs MKL does not tune for, and it applies GELU to each tile while it is in cache instead of in
-    a second pass over the (T, 4H) expansion (BENCHMARKS.md, "CPU kernels for inference"). It sums in
+    a second pass over the (T, 4H) expansion (docs/results/inference/README.md, "CPU kernels for inference"). It sums in
     another order, so float32 hidden states differ from the BLAS results in the last bits (within the
     1e-5 budget against the peer that the parity tests hold). bfloat16 inference takes it too where
     oneDNN has bfloat16 kernels (`_onednn_bf16`). The environment variable BERTFORGE_ONEDNN_LINEAR=0
@@ -107,7 +107,7 @@ class PackedWeight:
     (`optimize_for_inference` sets one on each dense layer of the encoder).
 
     Why: oneDNN's kernels read a weight in a blocked layout; given a plain one they work from it on
-    every call, slower than from a copy packed once (BENCHMARKS.md, "CPU kernels for inference"). It is
+    every call, slower than from a copy packed once (docs/results/inference/README.md, "CPU kernels for inference"). It is
     made from the weight at first use and again whenever a parameter it comes from has moved or been
     changed in place (loading a state_dict, `.to()`), so it never serves stale weights. The cost is a
     second copy of the dense layers' weights in memory. `params`: the parameters the weight is read from
