@@ -52,7 +52,8 @@ from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
-from .intermediate import IntermediateTransfer, intermediate_losses, with_intermediate
+from .intermediate import (IntermediateTransfer, intermediate_counts, teacher_intermediate_losses,
+                           with_intermediate)
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
 from .student import build_student
 
@@ -115,13 +116,7 @@ def distillation_step(temperature: float, alpha: float, regression: bool, labels
             return {"label_loss": hard}, metrics
         losses = {"distill_loss": soft, "label_loss": alpha * hard}
         if transfer is not None:
-            if next(teacher_model.parameters()).device != batch["input_ids"].device:
-                teacher_model.to(batch["input_ids"].device)
-            # no torch.no_grad(): the teacher's weights require no gradient (so no graph is kept), and with
-            # autograd on it runs the reference plan, whose hidden states are never buffers reused in place
-            theirs = teacher_model(**inputs, output_hidden_states=hidden, output_attentions=attention)
-            for name, value in intermediate_losses(transfer, out, theirs, batch["attention_mask"]).items():
-                losses[name] = intermediate_weight * value
+            losses.update(teacher_intermediate_losses(teacher_model, transfer, out, inputs, intermediate_weight))
         return losses, metrics
     return step
 
@@ -129,9 +124,8 @@ def distillation_step(temperature: float, alpha: float, regression: bool, labels
 def distillation_count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
     """Units behind each term's mean: every example for the soft targets, the labelled ones for the labels;
     the real tokens for the hidden states, the (real query, real key) pairs for the attention maps."""
-    lengths = batch["attention_mask"].sum(-1).double()
     return {"distill_loss": float(len(batch["input_ids"])), "label_loss": float(batch["label_mask"].sum()),
-            "hidden_loss": float(lengths.sum()), "attention_loss": float(lengths.pow(2).sum())}
+            **intermediate_counts(batch["attention_mask"])}
 
 
 def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
