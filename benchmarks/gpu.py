@@ -536,8 +536,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats per side")
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps per side first")
     parser.add_argument("--compile", action="store_true",
-                        help="also time bertforge with its per-token parts compiled (`--compile` of pretrain and "
-                             "finetune, optimize_for_inference(compile=True)): rows bertforge_compiled")
+                        help="CUDA: also time bertforge with its per-token parts compiled (`--compile` of pretrain "
+                             "and finetune, optimize_for_inference(compile=True)): rows bertforge_compiled")
     parser.add_argument("--profile", metavar="FILE", default=None,
                         help="after each timing, profile each side's steps once more and append the top "
                              "operators to FILE (not part of the timed figures)")

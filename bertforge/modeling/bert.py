@@ -308,8 +308,9 @@ def compile_per_token_parts(model: nn.Module) -> int:
     """`torch.compile` (dynamic shapes) the per-token parts of every layer inside `model`, in place: the
     feed-forward expansion (dense + GELU) and both Add & Norms (dense + dropout + residual + LayerNorm),
     forward and backward. Attention and the plan's packing stay eager. Inductor fuses each part's
-    elementwise work into a few kernels: fewer launches and memory passes on a GPU (BENCHMARKS.md, "GPU");
-    on a CPU the cheaper dropout mask (dropout.py) breaks the graph, so it gains little there. The modules
+    elementwise work into a few kernels: fewer launches and memory passes on a GPU (BENCHMARKS.md, "GPU").
+    For CUDA: on CPU the cheaper dropout mask (dropout.py) breaks the graph and Inductor's fused linear
+    kernels fail on the packed layers' changing shapes (training's `compile` setting refuses it there). The modules
     keep their type and `state_dict` keys (`nn.Module.compile`): checkpoints are unchanged. The first
     steps (and each new dynamic shape kind) compile. Returns how many modules were compiled."""
     parts = [module for module in model.modules() if isinstance(module, (FeedForwardExpansion, ResidualLayerNorm))]

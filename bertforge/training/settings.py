@@ -68,8 +68,8 @@ class TrainingSettings:
     num_threads: int | None = setting(None, "torch threads per process")
     device: str | None = setting(None, "cpu, cuda, cuda:1 ... (default: the GPU if there is one)")
     fsdp: bool = setting(False, "FullyShardedDataParallel under torchrun (GPU-oriented)")
-    compile: bool = setting(False, "torch.compile the per-token parts of each layer (dense + GELU, dense + dropout + "
-                                   "residual + LayerNorm): fused kernels on a GPU; the first steps compile")
+    compile: bool = setting(False, "CUDA: torch.compile the per-token parts of each layer (dense + GELU, dense + "
+                                   "dropout + residual + LayerNorm) into fused kernels; the first steps compile")
     progress: bool = setting(True, "no progress bar")  # the flag is --no-progress
     max_minutes: float | None = setting(
         None, "wall-clock budget: when spent, stop as if at the last step (final evaluation, checkpoint and "
@@ -93,6 +93,14 @@ class TrainingSettings:
         if self.budget_schedule and self.max_minutes is None:
             raise ValueError("budget_schedule (--budget-schedule) needs max_minutes (--max-minutes), "
                              "the budget it runs over")
+        if self.compile:
+            import torch
+
+            device = str(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            if not device.startswith("cuda"):
+                raise ValueError(f"compile (--compile) needs a CUDA device, not {device}: on CPU, Inductor's fused "
+                                 "linear kernels fail on the packed layers' changing shapes and the CPU dropout "
+                                 "breaks the graph (the eager CPU plans are the fast path there)")
 
     def training_arguments(self, **overrides: Any) -> TrainingArguments:
         """The engine's arguments: these settings (TrainingSettings' fields only) with `overrides`, e.g. the

@@ -400,11 +400,9 @@ def test_compile_per_token_parts_keeps_types_and_checkpoint_keys():
     assert len(parts) == 3 * layers and all(m._compiled_call_impl is not None for m in parts)
 
 
-def test_the_trainer_compiles_when_asked(tmp_path):
-    from bertforge.modeling.bert import FeedForwardExpansion
-    from bertforge.training import Trainer, TrainingArguments
+def test_compile_is_refused_on_cpu_in_one_line(tmp_path):
+    from bertforge.training import TrainingArguments
 
-    model = BertForSequenceClassification(BertConfig.preset("tiny", num_labels=2))
-    args = TrainingArguments(str(tmp_path), batch_size=1, max_steps=1, progress=False, compile=True, device="cpu")
-    Trainer(model, args, [0], lambda items: items, lambda m, b: None)
-    assert all(m._compiled_call_impl is not None for m in model.modules() if isinstance(m, FeedForwardExpansion))
+    with pytest.raises(ValueError, match=r"^compile \(--compile\) needs a CUDA device, not cpu: "):
+        TrainingArguments(str(tmp_path), compile=True, device="cpu")
+    assert TrainingArguments(str(tmp_path), compile=False, device="cpu").compile is False
