@@ -24,6 +24,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 PRECISION_NAMES = ("fp32", "bf16", "fp16")  # autocast dtypes (training/loop.py's PRECISIONS maps them)
 
 
@@ -94,8 +96,6 @@ class TrainingSettings:
             raise ValueError("budget_schedule (--budget-schedule) needs max_minutes (--max-minutes), "
                              "the budget it runs over")
         if self.compile:
-            import torch
-
             device = str(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
             if not device.startswith("cuda"):
                 raise ValueError(f"compile (--compile) needs a CUDA device, not {device}: on CPU, Inductor's fused "
