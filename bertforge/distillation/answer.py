@@ -47,9 +47,9 @@ from .._files import write_text_atomic
 from ..metrics.squad import evaluate_v1, evaluate_v2, squad_metrics
 from ..modeling import BertConfig, BertForQuestionAnswering, load_for_inference
 from ..tasks.registry import TaskFamily
-from ..tasks.squad import SQUAD_DEFAULTS, predict_logits
+from ..tasks.squad import SQUAD_DEFAULTS, keep_tuned_threshold, predict_logits
 from ..tasks.squad_data import SquadSettings, check_alignment, collate, convert_examples_to_features, read_squad_file
-from ..tasks.squad_postprocess import postprocess, tune_null_threshold, write_squad_predictions
+from ..tasks.squad_postprocess import postprocess, write_squad_predictions
 from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .cache import cache_key, default_cache_dir, teacher_outputs
@@ -239,17 +239,17 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
     dev_logits = outputs_of(dev_features.features) if dev is not None else None
     teacher.to("cpu")  # from here on only copied from (the student's initial weights)
 
-    def answers(window_logits: Sequence[tuple[np.ndarray, np.ndarray]], tune: bool = False):
-        """(predictions, metrics, the official script's output) on dev; `tune`: at the threshold that
-        maximises dev F1 (`tune_null_threshold`), else the teacher's."""
+    def answers(window_logits: Sequence[tuple[np.ndarray, np.ndarray]], tuned_model=None):
+        """(predictions, metrics, the official script's output) on dev; with `tuned_model`, at the threshold
+        that maximises dev F1, kept in that model's config (`keep_tuned_threshold`), else the teacher's."""
         predictions = postprocess(dev.examples, dev_features, window_logits, n_best_size=settings.n_best_size,
                                   max_answer_length=settings.max_answer_length, version_2_with_negative=v2,
                                   null_score_diff_threshold=settings.null_score_diff_threshold)
         if not v2:
             return predictions, squad_metrics(dev.dataset, predictions.predictions, resolved), \
                 evaluate_v1(dev.dataset, predictions.predictions)
-        if tune:
-            predictions = predictions.with_threshold(tune_null_threshold(dev.dataset, predictions))
+        if tuned_model is not None:
+            predictions = keep_tuned_threshold(tuned_model, dev.dataset, predictions)
         metrics = squad_metrics(dev.dataset, predictions.predictions, resolved, predictions.null_odds)
         metrics["null_score_diff_threshold"] = predictions.null_score_diff_threshold
         return predictions, metrics, evaluate_v2(dev.dataset, predictions.predictions, predictions.null_odds)
@@ -291,10 +291,7 @@ def answer_distill_task(family: TaskFamily, teacher_dir: str | os.PathLike, trai
             window_logits = predict_logits(model, features, eval_batch_size, pad_id)
             return agreement(window_logits, logits, features), None
         window_logits = predict_logits(model, dev_features.features, eval_batch_size, pad_id)
-        predictions, metrics, official = answers(window_logits, tune=bool(tune_threshold))
-        if tune_threshold:  # the chosen threshold is part of the student: `predict` and the pipeline read it
-            model.config.extra["squad"] = {**model.config.extra.get("squad", {}),
-                                           "null_score_diff_threshold": predictions.null_score_diff_threshold}
+        predictions, metrics, official = answers(window_logits, model if tune_threshold else None)
         metrics.update(agreement(window_logits, dev_logits, dev_features.features))
         return metrics, (predictions, official)
 

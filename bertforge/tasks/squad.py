@@ -95,6 +95,15 @@ def predict_logits(model, features: Sequence[dict], batch_size: int = 128,
 
 # ---------------------------------------------------------------------------- the fine-tuning task
 
+def keep_tuned_threshold(model, dataset: list[dict], predictions: SquadPredictions) -> SquadPredictions:
+    """`predictions` at the no-answer threshold that maximises F1 on `dataset` (`tune_null_threshold`), that
+    threshold written into `model`'s config: it is part of the model, `predict` and the pipeline read it."""
+    predictions = predictions.with_threshold(tune_null_threshold(dataset, predictions))
+    model.config.extra["squad"] = {**model.config.extra.get("squad", {}),
+                                   "null_score_diff_threshold": predictions.null_score_diff_threshold}
+    return predictions
+
+
 def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_file: str | os.PathLike, *,
                version: str = "1.1", settings: SquadSettings | None = None, tune_threshold: bool = False,
                eval_batch_size: int = 128, max_train_examples: int | None = None):
@@ -144,11 +153,7 @@ def squad_task(model_dir: str | os.PathLike, train_file: str | os.PathLike, dev_
             official = evaluate_v1(dev.dataset, predictions.predictions)
             return squad_metrics(dev.dataset, predictions.predictions, version), (predictions, official)
         if tune_threshold:
-            predictions = predictions.with_threshold(tune_null_threshold(dev.dataset, predictions))
-            # The chosen τ is part of the model: `bertforge predict` reads it back.
-            config = model.config
-            config.extra["squad"] = {**config.extra.get("squad", {}),
-                                     "null_score_diff_threshold": predictions.null_score_diff_threshold}
+            predictions = keep_tuned_threshold(model, dev.dataset, predictions)
         official = evaluate_v2(dev.dataset, predictions.predictions, predictions.null_odds)
         metrics = squad_metrics(dev.dataset, predictions.predictions, version, predictions.null_odds)
         metrics["null_score_diff_threshold"] = predictions.null_score_diff_threshold
