@@ -30,7 +30,8 @@ it), its wall time (the training loop's, and the whole process's when this scrip
 `--throughput`: the teacher and one student per (task, layers) (seed 0, distilled, no augmentation),
 examples/s of `bertforge.pipeline(<the task's pipeline>, model=DIR, dtype=D)` at batch 32 on the first
 --throughput-rows dev texts, for D in fp32, bf16, int8, on --threads threads; a full pass first as warm-up
-(not timed), then the median of --repeats timed passes. The pipeline's dev score at each dtype comes from the
+(not timed), then --repeats rounds of one timed pass of every model and dtype in turn (a drift of the
+machine's speed reaches them alike), each the median of its passes. The pipeline's dev score at each dtype comes from the
 warm-up pass (SST-2: accuracy; CoNLL: entity F1 where the pipeline's words are the file's words, else
 null); the speed-up of each student is given against the teacher at the same dtype and at fp32. Run it on a
 quiet machine: the load average is reported. `goal`: the issue's goal for the 3-layer distilled student
@@ -234,32 +235,34 @@ def pipeline_score(task: str, outputs: list, gold: list) -> float | None:
     return ner_metrics([tags for _, tags in gold], predicted)["f1"]
 
 
-def measure(directory: str, task: str, texts: list[str], gold: list, dtype: str, args) -> dict:
-    """examples/s of the task's pipeline at `dtype`: one warm-up pass (its answers scored), then the median
-    of --repeats timed passes."""
-    from bertforge import pipeline
+class Timed:
+    """One model's `pipeline` at one dtype over the dev texts: `run()` answers them all, in calls of the
+    pipeline's row limit (a server's safeguard), at batch --batch-size."""
 
-    pipe = pipeline(TASKS[task]["pipeline"], model=directory, dtype=dtype)
-    options = {"aggregation": "none"} if task == "conll" else {}
-    chunk = pipe.limits.max_rows  # a call's row limit (a server's safeguard): the texts in calls of that many
+    def __init__(self, directory: str, task: str, texts: list[str], dtype: str, args) -> None:
+        from bertforge import pipeline
 
-    def run() -> list:
-        return [out for i in range(0, len(texts), chunk)
-                for out in pipe(texts[i:i + chunk], batch_size=args.batch_size, **options)]
+        self.pipe = pipeline(TASKS[task]["pipeline"], model=directory, dtype=dtype)
+        self.options = {"aggregation": "none"} if task == "conll" else {}
+        self.texts, self.batch_size = texts, args.batch_size
+        self.seconds: list[float] = []
 
-    outputs = run()
-    seconds = []
-    for _ in range(args.repeats):
+    def run(self) -> list:
+        chunk = self.pipe.limits.max_rows
+        return [out for i in range(0, len(self.texts), chunk)
+                for out in self.pipe(self.texts[i:i + chunk], batch_size=self.batch_size, **self.options)]
+
+    def timed_pass(self) -> None:
         started = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - started)
-    median = statistics.median(seconds)
-    return {"examples_per_s": len(texts) / median, "seconds": seconds, "dev_score": pipeline_score(task, outputs, gold)}
+        self.run()
+        self.seconds.append(time.perf_counter() - started)
 
 
 def throughput(args, study_result: dict) -> dict:
     """Per task: the teacher's and one student's (seed 0 distilled, no augmentation, per layers)
-    throughput at each dtype, with the students' speed-ups."""
+    throughput at each dtype, with the students' speed-ups. Every model and dtype is loaded and warmed
+    up first (its answers scored), then the timed passes go round all of them --repeats times, so that
+    a drift of the machine's speed reaches every model alike; each gets the median of its passes."""
     import torch
 
     torch.set_num_threads(args.threads)
@@ -275,12 +278,24 @@ def throughput(args, study_result: dict) -> dict:
                 first = min(runs, key=lambda r: r["seed"])
                 models[f"L{layers}"] = {"dir": first["dir"], "layers": layers, "seed": first["seed"],
                                         "score": first["score"]}
+        timed, scores = {}, {}
+        for name, model in models.items():
+            for dtype in args.dtypes:
+                log(f"{task}: {name} at {dtype}: loading and a warm-up pass ...")
+                timed[name, dtype] = Timed(model["dir"], task, texts, dtype, args)
+                scores[name, dtype] = pipeline_score(task, timed[name, dtype].run(), gold)
+        for round_ in range(args.repeats):
+            log(f"{task}: timed round {round_ + 1} of {args.repeats} ...")
+            for entry in timed.values():
+                entry.timed_pass()
         for name, model in models.items():
             model["dtypes"] = {}
             for dtype in args.dtypes:
-                log(f"{task}: throughput of {name} at {dtype} ...")
-                model["dtypes"][dtype] = measure(model["dir"], task, texts, gold, dtype, args)
-                log(f"  {model['dtypes'][dtype]['examples_per_s']:.1f} examples/s")
+                seconds = timed[name, dtype].seconds
+                model["dtypes"][dtype] = {"examples_per_s": len(texts) / statistics.median(seconds),
+                                          "seconds": seconds, "dev_score": scores[name, dtype]}
+                log(f"  {name} {dtype}: {model['dtypes'][dtype]['examples_per_s']:.1f} examples/s")
+        del timed
         teacher = models["teacher"]["dtypes"]
         for name, model in models.items():
             if name == "teacher":
@@ -375,7 +390,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--throughput-rows", type=int, default=1024, help="the first N dev texts")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="timed passes per model and dtype (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds over every model and dtype (median)")
     parser.add_argument("--plot", type=Path, help="a PNG of score against throughput (needs --throughput)")
     args = parser.parse_args()
     args.tasks = args.tasks.split(",")

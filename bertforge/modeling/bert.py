@@ -183,6 +183,25 @@ class TransformerLayer(nn.Module):
         return self.output(self.intermediate(attended, plan), attended, plan)
 
 
+    def forward_rows(self, hidden_states: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor,
+                     plan: Plan = REFERENCE) -> torch.Tensor:
+        """The layer's output at some of its tokens only: hidden_states (B, S, H) or the packed (T, H),
+        rows (N,) indexes of its tokens flattened to (B·S or T, H) (`plan.rows_at`) -> (N, H). Queries,
+        keys, values and attention run at every token; the attention's output projection, the
+        feed-forward and both norms, three quarters of the layer's work, at the N rows alone
+        (`BertModel.forward`'s output_positions)."""
+        context, _ = self.attention.self(hidden_states, mask, False, plan)
+        hidden = hidden_states.shape[-1]
+        attended = self.attention.output(context.reshape(-1, hidden)[rows], hidden_states.reshape(-1, hidden)[rows],
+                                         plan)
+        return self.output(self.intermediate(attended, plan), attended, plan)
+
+
+def gather_indexes(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """sequence (B, S, H), positions (B, P) -> (B, P, H), as Google's `gather_indexes`."""
+    return sequence.gather(1, positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1]))
+
+
 class Encoder(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -242,9 +261,10 @@ class BertModel(PreTrainedBert):
         return all(type(module) in _PLAN_MODULES and not module._forward_hooks
                    and not module._forward_pre_hooks for module in self.encoder.modules())
 
-    def _first_only_ok(self) -> bool:
-        """Whether the last layer may run at [CLS] only (`forward`'s cls_only): a non-causal encoder whose
-        last layer is this module's own TransformerLayer, without hooks that would miss the call."""
+    def _last_layer_at_rows_ok(self) -> bool:
+        """Whether the last layer may run at some of its tokens only (`forward`'s cls_only and
+        output_positions): a non-causal encoder whose last layer is this module's own TransformerLayer,
+        without hooks that would miss the call."""
         if self.config.is_causal or not len(self.encoder.layer):
             return False
         layer = self.encoder.layer[-1]
@@ -264,6 +284,7 @@ class BertModel(PreTrainedBert):
         output_attentions: bool = False,
         unpad: bool | None = None,
         cls_only: bool = False,
+        output_positions: torch.Tensor | None = None,
     ) -> EncoderOutput:
         """input_ids, token_type_ids, attention_mask (1 = real token, 0 = padding): (B, S).
 
@@ -279,26 +300,43 @@ class BertModel(PreTrainedBert):
         that row alone (`TransformerLayer.forward_first`; keys and values still come from every token),
         and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float rounding. It is
         ignored where the plan cannot honour it (`plans.choose_plan`): the full last layer runs.
+
+        `output_positions` (B, P) int64: the caller reads only these positions of the last layer (a token
+        classifier's first word pieces): last_hidden_state is (B, P, H), the full call's rows at those
+        positions (`gather_indexes`) to float rounding, and there is no pooled output. The last layer
+        runs its output projection, feed-forward and norms at those rows alone
+        (`TransformerLayer.forward_rows`), except with output_hidden_states or output_attentions or where
+        the last layer cannot (`_last_layer_at_rows_ok`): the full layer then runs and its rows are
+        gathered. A padding position's row is unspecified. Not with cls_only.
         """
+        if output_positions is not None and cls_only:
+            raise ValueError("cls_only and output_positions ask for different rows of the last layer: give one")
         plan = choose_plan(self, input_ids, attention_mask, unpad, output_hidden_states, output_attentions, cls_only)
         hidden = self.embeddings(*plan.embedding_inputs(input_ids, token_type_ids), plan=plan)
         all_hidden = [plan.unpack(hidden)] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         layers = list(self.encoder.layer)
-        last = layers.pop() if plan.cls_only else None  # run at [CLS] only, below
+        at_rows = (output_positions is not None and not (output_hidden_states or output_attentions)
+                   and self._last_layer_at_rows_ok())
+        last = layers.pop() if plan.cls_only or at_rows else None  # run at [CLS] or the positions only, below
         for layer in layers:
             hidden, probs = layer(hidden, plan.mask, output_attentions, plan)
             if output_hidden_states:
                 all_hidden.append(plan.unpack(hidden))
             if output_attentions:
                 all_attentions.append(probs)
-        if last is not None:
+        if at_rows:
+            rows = last.forward_rows(hidden, plan.mask, plan.rows_at(hidden, output_positions), plan)
+            sequence = rows.view(*output_positions.shape, rows.shape[-1])  # (B, P, H)
+        elif last is not None:
             sequence = plan.first_token_output(last.forward_first(hidden, plan.mask, plan))  # (B, 1, H)
         else:
             sequence = all_hidden[-1] if output_hidden_states else plan.unpack(hidden)
+            if output_positions is not None:
+                sequence = gather_indexes(sequence, output_positions)
         return EncoderOutput(
             last_hidden_state=sequence,
-            pooler_output=self.pooler(sequence) if self.pooler is not None else None,
+            pooler_output=self.pooler(sequence) if self.pooler is not None and output_positions is None else None,
             hidden_states=tuple(all_hidden) if output_hidden_states else None,
             attentions=tuple(all_attentions) if output_attentions else None,
         )

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .bert import BertModel
+from .bert import BertModel, gather_indexes
 from .config import BertConfig
 from .dropout import Dropout
 from .kernels import activation
@@ -51,11 +51,6 @@ class QuestionAnsweringOutput:
     loss: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
-
-
-def gather_indexes(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """sequence (B, S, H), positions (B, P) -> (B, P, H), as Google's `gather_indexes`."""
-    return sequence.gather(1, positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1]))
 
 
 class PredictionHeadTransform(nn.Module):
@@ -252,10 +247,17 @@ class BertForTokenClassification(PreTrainedBert):
         self.init_weights()
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None,
-                output_hidden_states=False, output_attentions=False, unpad=None) -> TaskOutput:
+                output_hidden_states=False, output_attentions=False, unpad=None,
+                output_positions=None) -> TaskOutput:
+        """logits (B, S, K); with `output_positions` (B, P) (the words' first pieces) only there, (B, P, K),
+        `labels` then (B, P): the encoder's last layer and the classifier run at those rows alone, unless
+        `token_logits` is overridden (a head that reads the whole sequence: its logits are gathered)."""
+        per_token = type(self).token_logits is BertForTokenClassification.token_logits
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, output_attentions,
-                        unpad=unpad)
-        logits = self.token_logits(out.last_hidden_state, attention_mask)  # (B, S, K)
+                        unpad=unpad, output_positions=output_positions if per_token else None)
+        logits = self.token_logits(out.last_hidden_state, attention_mask)  # (B, S or P, K)
+        if output_positions is not None and not per_token:
+            logits = gather_indexes(logits, output_positions)
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits.reshape(-1, self.num_labels).float(), labels.reshape(-1),

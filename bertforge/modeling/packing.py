@@ -135,6 +135,15 @@ class Packing:
             self._first_rows = torch.tensor(firsts).to(self.index.device, non_blocking=True)
         return self._first_rows
 
+    def rows_of(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, P) of the padded batch -> (B·P,) int64: the packed row of each (example, position),
+        examples in batch order. A padding position has no row: its entry is a real row, unspecified."""
+        tokens = self.num_tokens
+        row_of = torch.zeros(self.batch * self.seq_length, dtype=torch.long, device=self.index.device)
+        row_of[self.index[:tokens]] = torch.arange(tokens, device=self.index.device)
+        starts = torch.arange(self.batch, device=positions.device)[:, None] * self.seq_length
+        return row_of[(positions + starts).reshape(-1)]
+
     @property
     def max_length(self) -> int:
         """The longest example's real tokens (0 for a batch of padding only)."""

@@ -7,7 +7,8 @@ what differs between the ways to run them:
   `project_qkv(attention, x)`, and `add(x, other, *sources)` (the residual and embedding sums);
 - attention: `attention(qkv, mask, num_heads, dropout_p, output_attentions)`, and for a [CLS]-only last
   layer `first_rows(hidden)` and `first_token_attention(attention, hidden, first, mask)`;
-- the layout in and out: `embedding_inputs(...)`, `unpack(hidden)`, `first_token_output(rows)`.
+- the layout in and out: `embedding_inputs(...)`, `unpack(hidden)`, `first_token_output(rows)`, and for
+  a last layer run at chosen positions only `rows_at(hidden, positions)`.
 
 Dropout is the layers' own `Dropout` modules (dropout.py: a cheaper mask on CPU, `F.dropout` elsewhere).
 
@@ -179,6 +180,11 @@ class PaddedPlan(Plan):
     def first_token_output(self, rows: torch.Tensor) -> torch.Tensor:
         return rows[:, None]
 
+    def rows_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, P) -> (B·P,) rows of hidden (B, S, H) flattened to (B·S, H)."""
+        batch, seq_length = hidden.shape[:2]
+        return (positions + torch.arange(batch, device=positions.device)[:, None] * seq_length).reshape(-1)
+
 
 class PackedPlan(Plan):
     """The real tokens only, (T, H) (`Packing`); attention within each example; no mask, no probabilities."""
@@ -204,6 +210,10 @@ class PackedPlan(Plan):
 
     def first_token_output(self, rows: torch.Tensor) -> torch.Tensor:
         return self.packing.batch_order(rows)[:, None]
+
+    def rows_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """positions (B, P) of the padded batch -> (B·P,) rows of the packed hidden (T, H)."""
+        return self.packing.rows_of(positions)
 
 
 class VarlenPlan(PackedPlan):
@@ -233,7 +243,7 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     output_attentions, without a mask, or when nothing is padding. The products: `CpuInference` where
     `model._inference_fast_path`, `InPlace` in other inference, else `Reference`. Keys past the last
     real one are cut on the CPU inference path (finding it costs no device sync there). [CLS]-only where
-    the model's last layer allows it (`model._first_only_ok`), not on `CpuInference` (its kernels are
+    the model's last layer allows it (`model._last_layer_at_rows_ok`), not on `CpuInference` (its kernels are
     laid out per full batch), and on the packed layout only when every example's position 0 is real.
     On CUDA the packed layout is `VarlenPlan`; the mask is read on the host (`packing.host_copy`).
     """
@@ -245,7 +255,7 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
     fast = model._inference_fast_path(input_ids)
     products = CpuInference() if fast else IN_PLACE if may_overwrite_output() else REFERENCE_PRODUCTS
-    cls_only = cls_only and not (output_hidden_states or output_attentions or fast) and model._first_only_ok()
+    cls_only = cls_only and not (output_hidden_states or output_attentions or fast) and model._last_layer_at_rows_ok()
     pack_always = bool(model.unpad_row_bucket) and not torch.is_grad_enabled()
     if unpad and not output_attentions and (attention_mask is not None or pack_always):
         if attention_mask is None:

@@ -32,6 +32,19 @@ class LogitsGraph(nn.Module):
         return (self.model(input_ids, token_type_ids, attention_mask).logits,)
 
 
+class WordLogitsGraph(nn.Module):
+    """Token classification at given positions only: (B, P) positions (each word's first piece) ->
+    (B, P, K) logits. The encoder's last layer and the classifier run at those rows alone
+    (`BertForTokenClassification`'s output_positions); a word's other pieces are never read."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, token_type_ids, attention_mask, word_positions):
+        return (self.model(input_ids, token_type_ids, attention_mask, output_positions=word_positions).logits,)
+
+
 class ChoiceGraph(nn.Module):
     """Multiple choice on flattened rows: (B*K, S) inputs, one per (example, ending) pair -> (B*K,)
     scores. The pipeline groups the K rows of an example back and takes the softmax over them, so the
@@ -72,4 +85,4 @@ class HiddenStatesGraph(nn.Module):
         return (torch.stack(out.hidden_states[1:], dim=1),)
 
 
-__all__ = ["ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph"]
+__all__ = ["ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph", "WordLogitsGraph"]

@@ -2,8 +2,10 @@
 
 The exported function is the pipeline's own graph (`Pipeline.build_graph`), so `backend="onnx"`
 computes what `backend="torch"` does: fill-mask takes a fourth input `masked_positions` (B, P) and
-gives (B, P, V) logits; classify (B, K); tag (B, S, K); answer start and end logits (B, S); embed
-every layer's hidden states (B, L, S, H). Batch and sequence axes are dynamic.
+gives (B, P, V) logits; tag a fourth input `word_positions` (B, P) and gives (B, P, K); classify
+(B, K); answer start and end logits (B, S); embed every layer's hidden states (B, L, S, H). Batch and
+sequence axes are dynamic. A tag model exported before its graph took `word_positions` gives (B, S, K)
+and still runs: `OnnxRunner` gathers its logits at the positions (`Pipeline.rows_selected_by`).
 
 Why the TorchScript-based exporter (`dynamo=False`) and not torch.export: the encoder decides on
 the data whether a mask is needed at all (`attention_mask.all()`), which torch.export refuses as a
@@ -46,6 +48,7 @@ class ExportablePipeline(Protocol):
     extra_input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     output_axes: dict[str, dict[int, str]]
+    rows_selected_by: dict[str, str]
     max_length: int
     runner: Any
 
@@ -107,7 +110,9 @@ def _export_to(pipe: ExportablePipeline, model: nn.Module, target, opset: int) -
     sample = pipe.sample_batch()
     inputs = tuple(torch.from_numpy(sample[name]) for name in pipe.input_names)
     dynamic_axes = {name: {0: "batch", 1: "sequence"} for name in pipe.input_names}
-    dynamic_axes.update({name: {0: "batch", 1: "masks"} for name in pipe.extra_input_names})
+    for name in pipe.extra_input_names:  # a row-selecting input shares its output's axis name
+        selected = pipe.output_axes.get(pipe.rows_selected_by.get(name, ""), {})
+        dynamic_axes[name] = {0: "batch", 1: selected.get(1, "masks")}
     dynamic_axes.update(pipe.output_axes)
     with evaluating(graph), _plain_path(graph), warnings.catch_warnings():
         # Tracing warns about every Python-level branch on a tensor (all recorded as intended, see
@@ -139,7 +144,9 @@ class OnnxRunner:
     """Runs an exported pipeline graph on onnxruntime: int64 arrays in, float32 arrays out."""
 
     def __init__(self, model: str | os.PathLike | bytes, input_names: Sequence[str], output_names: Sequence[str],
-                 device: str = "cpu", task: str | None = None):
+                 device: str = "cpu", task: str | None = None, rows_selected_by: dict[str, str] | None = None):
+        """`rows_selected_by`: input name -> the output whose rows (axis 1) it selects; a model without
+        that input (exported before its graph took it) runs without it and its output is gathered here."""
         ort = _require("onnxruntime")
         options = ort.SessionOptions()
         # The same thread count as torch: comparable speed, and OMP_NUM_THREADS/torch.set_num_threads apply.
@@ -160,21 +167,28 @@ class OnnxRunner:
             raise ValueError(f"{model if not isinstance(model, bytes) else 'the ONNX model'} was exported for "
                              f"the {stored!r} pipeline, not {task!r}")
         names = {i.name for i in self.session.get_inputs()}
-        missing = [name for name in input_names if name not in names]
+        self.gathered = {name: output for name, output in (rows_selected_by or {}).items()
+                         if name in input_names and name not in names}
+        missing = [name for name in input_names if name not in names and name not in self.gathered]
         if missing:
             raise ValueError(f"the ONNX model lacks the input(s) {', '.join(missing)}: was it exported by bertforge "
                              "for this task?")
-        self.input_names = tuple(input_names)
+        self.input_names = tuple(name for name in input_names if name not in self.gathered)
         self.output_names = tuple(output_names)
 
     def __call__(self, batch: Batch) -> dict[str, np.ndarray]:
         feeds = {name: np.ascontiguousarray(batch[name], dtype=np.int64) for name in self.input_names}
         outputs = self.session.run(list(self.output_names), feeds)
-        return {name: np.asarray(value, dtype=np.float32) for name, value in zip(self.output_names, outputs)}
+        result = {name: np.asarray(value, dtype=np.float32) for name, value in zip(self.output_names, outputs)}
+        for name, output in self.gathered.items():  # (B, S, ...) at the (B, P) rows -> (B, P, ...)
+            rows = batch[name].reshape(*batch[name].shape, *([1] * (result[output].ndim - 2)))
+            result[output] = np.take_along_axis(result[output], rows, axis=1)
+        return result
 
 
 def onnx_runner(model: str | os.PathLike | bytes, pipe: ExportablePipeline, device: str = "cpu") -> OnnxRunner:
-    return OnnxRunner(model, pipe.input_names, pipe.output_names, device, task=pipe.task)
+    return OnnxRunner(model, pipe.input_names, pipe.output_names, device, task=pipe.task,
+                      rows_selected_by=pipe.rows_selected_by)
 
 
 def parity(pipe: ExportablePipeline, reference, candidate, batches: Sequence[Batch] | None = None) -> tuple[float, int]:

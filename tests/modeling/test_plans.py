@@ -175,6 +175,75 @@ def test_the_packed_reference_plan_gives_the_padded_gradients(is_causal, row_buc
         assert grad_close(packed_grads[name], grad), name
 
 
+def word_positions(inputs: dict, seed: int = 3) -> torch.Tensor:
+    """(B, P) real positions of each row, a random subset (as a tagger's first word pieces), padded with 0."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for length in inputs["attention_mask"].sum(1).tolist():
+        chosen = torch.randperm(length, generator=generator)[:max(1, (2 * length) // 3)].sort().values
+        rows.append(chosen)
+    positions = torch.zeros(len(rows), max(len(r) for r in rows), dtype=torch.long)
+    for row, chosen in enumerate(rows):
+        positions[row, :len(chosen)] = chosen
+    return positions
+
+
+@pytest.mark.parametrize("products", [Reference, InPlace, CpuInference])
+@pytest.mark.parametrize("unpad, row_bucket", [(False, 0), (True, 0), (True, 16)])
+def test_output_positions_run_the_last_layer_at_those_rows_only(products, unpad, row_bucket, monkeypatch):
+    """`output_positions`: the full call's rows at those positions, on every plan, with the last layer's
+    output projection and feed-forward run at those rows alone (counted by the rows its expansion sees)."""
+    encoder, inputs = model(), batch()
+    positions = word_positions(inputs)
+    reference = encoder(**inputs).last_hidden_state.detach()
+    expected = reference.gather(1, positions[..., None].expand(-1, -1, reference.shape[-1]))
+    encoder.unpad_row_bucket = row_bucket
+    seen = []
+    last = encoder.encoder.layer[-1].intermediate
+    forward = type(last).forward
+    monkeypatch.setattr(type(last), "forward", lambda self, x, plan=REFERENCE: (
+        seen.append(x.reshape(-1, x.shape[-1]).shape[0]) if self is last else None, forward(self, x, plan))[1])
+    if products is Reference:
+        out = encoder(**inputs, unpad=unpad, output_positions=positions)
+    else:
+        if products is InPlace:
+            monkeypatch.setattr(encoder, "_inference_fast_path", lambda input_ids: False)
+        with torch.no_grad():
+            out = encoder(**inputs, unpad=unpad, output_positions=positions)
+    assert out.last_hidden_state.shape == expected.shape and out.pooler_output is None
+    assert max_diff(out.last_hidden_state.detach(), expected) <= TOL
+    assert seen == [positions.numel()]
+    with torch.no_grad():  # asking for the hidden states runs the full last layer, gathered
+        full = encoder(**inputs, unpad=unpad, output_positions=positions, output_hidden_states=True)
+    assert max_diff(full.last_hidden_state, expected) <= TOL and seen[-1] != positions.numel()
+    with pytest.raises(ValueError, match="cls_only and output_positions"):
+        encoder(**inputs, cls_only=True, output_positions=positions)
+
+
+def test_output_positions_give_the_full_calls_gradients():
+    """Training at some rows only (the loss reads those): every parameter's gradient equals that of the
+    full call's loss over the same rows (to 1e-5 relative), padded and packed."""
+    encoder, inputs = model(), batch(lengths=(24, 19, 9, 14, 9, 3, 17, 24))
+    encoder.train()
+    positions = word_positions(inputs, seed=5)
+    weights = torch.randn(*positions.shape, encoder.config.hidden_size, generator=torch.Generator().manual_seed(1))
+
+    def grads(**kwargs):
+        encoder.zero_grad()
+        out = encoder(**inputs, **kwargs).last_hidden_state
+        if "output_positions" not in kwargs:
+            out = out.gather(1, positions[..., None].expand(-1, -1, out.shape[-1]))
+        (out * weights).sum().backward()
+        return {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+
+    reference = grads(unpad=False)
+    for unpad in (False, True):
+        got = grads(unpad=unpad, output_positions=positions)
+        assert got.keys() == reference.keys()
+        for name, grad in reference.items():
+            assert grad_close(got[name], grad), (unpad, name)
+
+
 # -- attention.py against the equation ---------------------------------------------------------------
 
 def equation(query, key, value, allowed):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,10 @@ pytest.importorskip("onnxruntime", reason="the onnx extra is not installed (pip 
 
 from bertforge.cli import main  # noqa: E402
 from bertforge.serving import pipeline  # noqa: E402
-from bertforge.serving.onnx import OnnxParityError, OnnxRunner, export_onnx, parity  # noqa: E402
+from bertforge.modeling import BertForTokenClassification  # noqa: E402
+from bertforge.serving.graphs import LogitsGraph  # noqa: E402
+from bertforge.serving.onnx import OnnxParityError, OnnxRunner, export_onnx, export_onnx_bytes, parity  # noqa: E402
+from bertforge.serving.pipelines import BASE_INPUTS  # noqa: E402
 
 TASKS = ["fill-mask", "classify", "tag", "answer", "embed", "multiple-choice"]
 
@@ -40,6 +45,22 @@ def test_pipelines_agree_across_backends(tiny_dirs):
     fill = ["Paris is the [MASK] of France."]
     assert [c["token"] for c in pipeline("fill-mask", model=tiny_dirs["fill-mask"])(fill)[0][0]] == \
         [c["token"] for c in pipeline("fill-mask", model=tiny_dirs["fill-mask"], backend="onnx")(fill)[0][0]]
+
+
+def test_a_tag_model_exported_before_word_positions_still_runs(tiny_dirs):
+    """An ONNX tag file from before the graph took `word_positions` (logits at every token, (B, S, K)):
+    the runner gathers its logits at the words, and the answers are torch's."""
+    torch_pipe = pipeline("tag", model=tiny_dirs["tag"])
+    old = SimpleNamespace(task="tag", input_names=BASE_INPUTS, extra_input_names=(), output_names=("logits",),
+                          output_axes={"logits": {0: "batch", 1: "sequence"}}, rows_selected_by={},
+                          build_graph=LogitsGraph, sample_batch=torch_pipe.sample_batch)
+    data = export_onnx_bytes(old, BertForTokenClassification.from_pretrained(tiny_dirs["tag"]))
+    onnx_pipe = pipeline("tag", model=tiny_dirs["tag"], backend="onnx", onnx_model=data)
+    assert onnx_pipe.runner.gathered == {"word_positions": "logits"}
+    texts = ["John Smith lives in Paris, France.", " ".join(["the film was fun"] * 30) + " Mary Jones."]
+    for a, b in zip(torch_pipe(texts, aggregation="none", stride=20), onnx_pipe(texts, aggregation="none", stride=20)):
+        assert [(w["label"], w["start"], w["end"]) for w in a] == [(w["label"], w["start"], w["end"]) for w in b]
+        assert [w["score"] for w in a] == pytest.approx([w["score"] for w in b], abs=1e-5)
 
 
 def test_onnx_file_for_the_wrong_task_is_refused(tiny_dirs, tmp_path):

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import bertforge
+from bertforge.modeling import BertForTokenClassification
 from bertforge.serving import PipelineInputError, pipeline
-from bertforge.serving.pipelines import group_entities, max_context_window, task_for_checkpoint, windows
+from bertforge.serving.pipelines import BASE_INPUTS, group_entities, max_context_window, task_for_checkpoint, windows
 
 SENTENCES = ["John Smith lives in Paris, France.", "a good film", "It was a great movie and the story was fun.",
              "bad", "Mary Jones moved to Berlin in Germany with the company."]
@@ -201,7 +202,8 @@ def test_group_entities_iob2_iob1_bioes():
 
 
 def _scripted(pipe, scores_by_token: dict[str, list[float]]):
-    """A runner giving each token fixed logits by its text: the pipeline logic without a model."""
+    """A runner giving each token fixed logits by its text, at the rows the pipeline asks for (each word's
+    first piece, `word_positions`): the pipeline logic without a model."""
     vocab = pipe.tokenizer.vocab
     table = np.zeros((len(vocab), pipe.config.num_labels), dtype=np.float32)
     table[:, 0] = 5.0  # "O" everywhere else
@@ -211,7 +213,7 @@ def _scripted(pipe, scores_by_token: dict[str, list[float]]):
 
     def runner(batch):
         calls.append(batch["input_ids"].shape)
-        return {"logits": table[batch["input_ids"]]}
+        return {"logits": table[np.take_along_axis(batch["input_ids"], batch["word_positions"], axis=1)]}
 
     return runner, calls
 
@@ -237,6 +239,31 @@ def test_tag_entities_spans_from_word_pieces_and_windows(tiny_dirs):
     found = [(e["text"], long[e["start"]:e["end"]]) for e in entities[0]]
     assert found == [("John Smith", "John Smith"), ("Paris", "Paris")]
     assert len(pipe([long], aggregation="none")[0]) == len(long.replace(".", " .").split())
+
+
+def test_tag_reads_the_full_models_logits_at_each_words_first_piece(tiny_dirs):
+    """The graph runs the last layer and the classifier at the words' first pieces only: its answers are
+    those of the full model's per-token logits read there (windows included), and it computes fewer rows."""
+    model = BertForTokenClassification.from_pretrained(tiny_dirs["tag"]).eval()
+    full_rows = []
+
+    def full_runner(batch):  # every token's logits, then the rows the pipeline asked for
+        with torch.no_grad():
+            logits = model(*(torch.from_numpy(batch[name]) for name in BASE_INPUTS)).logits.numpy()
+        full_rows.append(batch["input_ids"].size)
+        return {"logits": np.take_along_axis(logits, batch["word_positions"][..., None], axis=1)}
+
+    texts = ["John Smith lives in Paris and zqq.", " ".join(["the unbelievably fun film"] * 25) + " Mary Jones.",
+             "Ça va, Zürich?"]
+    got = pipeline("tag", model=tiny_dirs["tag"])(texts, aggregation="none", stride=20)
+    expected = pipeline("tag", model=tiny_dirs["tag"], runner=full_runner)(texts, aggregation="none", stride=20)
+    for a, b in zip(got, expected):
+        assert [(w["word"], w["label"], w["start"], w["end"]) for w in a] == \
+            [(w["word"], w["label"], w["start"], w["end"]) for w in b]
+        assert [w["score"] for w in a] == pytest.approx([w["score"] for w in b], abs=1e-5)
+    features = pipeline("tag", model=tiny_dirs["tag"]).preprocess(texts, stride=20)
+    asked = sum(len(f.extra_inputs["word_positions"]) for f in features)
+    assert asked == sum(len(words) for words in got) < sum(len(f.input_ids) for f in features)
 
 
 def _qa_runner(pipe, start_token: str, end_token: str, null: float = -5.0):

@@ -25,7 +25,7 @@ import torch
 
 from ...tasks.windows import max_context_window
 from ..entities import group_entities
-from ..graphs import ChoiceGraph, FillMaskGraph, HiddenStatesGraph, LogitsGraph, SpanGraph
+from ..graphs import ChoiceGraph, FillMaskGraph, HiddenStatesGraph, LogitsGraph, SpanGraph, WordLogitsGraph
 from ..registry import PIPELINES, pipeline_for_checkpoint, register_pipeline, resolve_task, task_for_checkpoint
 from ..runner import Batch, Runner, TorchRunner
 from .answer import AnswerPipeline
@@ -61,5 +61,5 @@ __all__ = [
     "predict_multiple_choice", "register_pipeline", "resolve_task", "pipeline_for_checkpoint", "task_for_checkpoint",
     "group_entities",
     "windows", "max_context_window", "BASE_INPUTS", "MASK_TOKEN", "Batch", "Runner", "check_texts",
-    "ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph",
+    "ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph", "WordLogitsGraph",
 ]

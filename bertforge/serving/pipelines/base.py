@@ -130,6 +130,9 @@ class Pipeline:
     output_names: tuple[str, ...] = ()
     # ONNX dynamic axes of each output (batch first).
     output_axes: dict[str, dict[int, str]] = {}
+    # Extra inputs that select rows (axis 1) of an output: input name -> output name. An ONNX file exported
+    # before its graph took such an input gives the output at every row: the runner gathers it there.
+    rows_selected_by: dict[str, str] = {}
     # Options the server accepts in a request body: name -> type(s).
     request_options: dict[str, tuple[type, ...]] = {}
     # The JSON keys of the server request that carry the inputs: (positional, keyword ...).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import numpy as np
@@ -10,7 +11,7 @@ from ...modeling import BertForTokenClassification
 from ...tasks.arrays import softmax
 from ...tasks.windows import max_context_window
 from ..entities import group_entities
-from ..graphs import LogitsGraph
+from ..graphs import WordLogitsGraph
 from ..registry import register_pipeline
 from .base import Feature, Pipeline, PipelineInputError, windows
 
@@ -28,19 +29,39 @@ class TagPipeline(Pipeline):
     """
 
     model_class = BertForTokenClassification
+    # Each word's first piece, in the window where it has the most context: the only rows read.
+    extra_input_names = ("word_positions",)
     output_names = ("logits",)
-    output_axes = {"logits": {0: "batch", 1: "sequence"}}
+    output_axes = {"logits": {0: "batch", 1: "words"}}
+    # An ONNX file exported before the graph took word_positions gives (B, S, K): gathered at them instead.
+    rows_selected_by = {"word_positions": "logits"}
     request_options = {"aggregation": (str,), "stride": (int,)}
 
     @classmethod
     def build_graph(cls, model):
-        return LogitsGraph(model)
+        return WordLogitsGraph(model)
 
     def check_options(self, aggregation="simple", stride=None, **_) -> None:
         if aggregation not in ("simple", "none"):
             raise PipelineInputError(f"aggregation must be 'simple' or 'none', got {aggregation!r}")
         if stride is not None:
             self.check_stride("stride", stride)
+
+    @functools.cached_property
+    def _continuation(self) -> np.ndarray:
+        """For each vocabulary id, whether its token continues a word ("##..."): (V,) bool."""
+        flags = np.zeros(max(self.tokenizer.ids_to_tokens, default=-1) + 1, dtype=bool)
+        for token_id, token in self.tokenizer.ids_to_tokens.items():
+            flags[token_id] = token.startswith("##")
+        return flags
+
+    def word_starts(self, ids: Sequence[int]) -> np.ndarray:
+        """The positions in `ids` (a text's word pieces) where a word starts: every piece but a "##"
+        continuation, and the first piece whatever it is."""
+        starts = np.flatnonzero(~self._continuation[np.asarray(ids, dtype=np.int64)])
+        if len(ids) and (not len(starts) or starts[0] != 0):
+            starts = np.concatenate([[0], starts])
+        return starts
 
     def preprocess(self, texts, aggregation="simple", stride=None):
         max_tokens = self.max_length - 2
@@ -53,10 +74,17 @@ class TagPipeline(Pipeline):
         features = []
         for i, (row, spans) in enumerate(zip(rows, spans_of)):
             ids, offsets = row["input_ids"][1:-1], row["offsets"][1:-1]
+            starts = self.word_starts(ids)
+            if len(spans) == 1:
+                owners = np.zeros(len(starts), dtype=np.int64)
+            else:  # each word read in the window where its first piece has the most context
+                owners = np.array([max_context_window(int(position), spans) for position in starts], dtype=np.int64)
             for w, (start, end) in enumerate(spans):
                 n = end - start + 2
-                features.append(Feature(i, [cls, *ids[start:end], sep], [0] * n, info={
-                    "ids": ids, "offsets": offsets, "spans": spans, "window": w}))
+                mine = starts[owners == w]
+                features.append(Feature(i, [cls, *ids[start:end], sep], [0] * n,
+                                        {"word_positions": (1 + mine - start).tolist()},  # +1: [CLS]
+                                        info={"ids": ids, "offsets": offsets, "starts": mine}))
         return features
 
     def postprocess(self, inputs, features, outputs, aggregation="simple", stride=None):
@@ -64,26 +92,26 @@ class TagPipeline(Pipeline):
         per_example: dict[int, list[tuple[Feature, np.ndarray]]] = {}
         for feature, output in zip(features, outputs):
             per_example.setdefault(feature.example, []).append((feature, output["logits"]))
+        names: list[str] = []
         results = []
         for i, text in enumerate(inputs[0]):
             pieces = per_example.get(i, [])
             if not pieces:
                 results.append([])
                 continue
-            first = pieces[0][0].info
-            ids, offsets, spans = first["ids"], first["offsets"], first["spans"]
-            probs = [softmax(logits) for _, logits in pieces]
-            tokens = self.tokenizer.convert_ids_to_tokens(ids)
-            words = []
-            for position, token in enumerate(tokens):
-                if token.startswith("##") and words:
-                    words[-1]["end"] = offsets[position][1]  # a continuation piece extends the word
-                    continue
-                window = max_context_window(position, spans)
-                p = probs[window][1 + position - spans[window][0]]  # +1: [CLS]
-                best = int(p.argmax())
-                words.append({"label": labels.get(best, f"LABEL_{best}"), "score": float(p[best]),
-                              "start": offsets[position][0], "end": offsets[position][1]})
+            ids, offsets = pieces[0][0].info["ids"], pieces[0][0].info["offsets"]
+            # (words, K): each window's rows are its words' first pieces (the rest is the batch's padding)
+            starts = np.concatenate([f.info["starts"] for f, _ in pieces])
+            logits = np.concatenate([out[:len(f.info["starts"])] for f, out in pieces])
+            order = np.argsort(starts, kind="stable")
+            starts, probs = starts[order], softmax(logits[order])
+            best = probs.argmax(-1)
+            scores = probs[np.arange(len(best)), best].tolist()
+            if len(names) < probs.shape[-1]:
+                names = [labels.get(k, f"LABEL_{k}") for k in range(probs.shape[-1])]
+            ends = [*(starts[1:] - 1).tolist(), len(ids) - 1]  # a word ends with its last piece
+            words = [{"label": names[b], "score": score, "start": offsets[s][0], "end": offsets[e][1]}
+                     for b, score, s, e in zip(best.tolist(), scores, starts.tolist(), ends)]
             if aggregation == "none":
                 results.append([{"word": text[w["start"]:w["end"]], **w} for w in words])
             else:
