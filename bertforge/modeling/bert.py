@@ -316,7 +316,10 @@ class BertModel(PreTrainedBert):
         all_hidden = [plan.unpack(hidden)] if output_hidden_states else None
         all_attentions = [] if output_attentions else None
         layers = list(self.encoder.layer)
-        at_rows = (output_positions is not None and not (output_hidden_states or output_attentions)
+        positions = output_positions
+        if plan.cls_only and plan.first_token_as_rows:  # [CLS] as one row per example (Plan says why)
+            positions = input_ids.new_zeros(input_ids.shape[0], 1)
+        at_rows = (positions is not None and not (output_hidden_states or output_attentions)
                    and self._last_layer_at_rows_ok())
         last = layers.pop() if plan.cls_only or at_rows else None  # run at [CLS] or the positions only, below
         for layer in layers:
@@ -326,8 +329,15 @@ class BertModel(PreTrainedBert):
             if output_attentions:
                 all_attentions.append(probs)
         if at_rows:
-            rows = last.forward_rows(hidden, plan.mask, plan.rows_at(hidden, output_positions), plan)
-            sequence = rows.view(*output_positions.shape, rows.shape[-1])  # (B, P, H)
+            # each asked-for row once (a batch's positions are padded to its longest row: repeats)
+            rows, where = torch.unique(plan.rows_at(hidden, positions), return_inverse=True)
+            count = rows.shape[0]
+            # in inference, the row count bucketed as the packed length is (`packing.bucket_size`): few kernel shapes
+            filler = 0 if torch.is_grad_enabled() else bucket_size(count, self.unpad_row_bucket) - count
+            if filler:
+                rows = torch.cat([rows, rows[:1].expand(filler)])
+            out = last.forward_rows(hidden, plan.mask, rows, plan)[where]
+            sequence = out.view(*positions.shape, out.shape[-1])  # (B, P, H); (B, 1, H) for cls_only
         elif last is not None:
             sequence = plan.first_token_output(last.forward_first(hidden, plan.mask, plan))  # (B, 1, H)
         else:

@@ -134,6 +134,9 @@ class Plan:
 
     mask: torch.Tensor | None = None
     packing: Packing | None = None
+    # cls_only as rows (`TransformerLayer.forward_rows`: full attention, the rest at the [CLS] rows) rather
+    # than `forward_first`'s one query per example: the CPU inference products' kernels take rows only.
+    first_token_as_rows = False
 
     def __init__(self, products: Reference, cls_only: bool = False) -> None:
         self.linear, self.linear_activation = products.linear, products.linear_activation
@@ -243,8 +246,8 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     output_attentions, without a mask, or when nothing is padding. The products: `CpuInference` where
     `model._inference_fast_path`, `InPlace` in other inference, else `Reference`. Keys past the last
     real one are cut on the CPU inference path (finding it costs no device sync there). [CLS]-only where
-    the model's last layer allows it (`model._last_layer_at_rows_ok`), not on `CpuInference` (its kernels are
-    laid out per full batch), and on the packed layout only when every example's position 0 is real.
+    the model's last layer allows it (`model._last_layer_at_rows_ok`), on `CpuInference` as rows
+    (`first_token_as_rows`), and on the packed layout only when every example's position 0 is real.
     On CUDA the packed layout is `VarlenPlan`; the mask is read on the host (`packing.host_copy`).
     """
     if input_ids.dim() != 2:
@@ -255,7 +258,7 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
     fast = model._inference_fast_path(input_ids)
     products = CpuInference() if fast else IN_PLACE if may_overwrite_output() else REFERENCE_PRODUCTS
-    cls_only = cls_only and not (output_hidden_states or output_attentions or fast) and model._last_layer_at_rows_ok()
+    cls_only = cls_only and not (output_hidden_states or output_attentions) and model._last_layer_at_rows_ok()
     pack_always = bool(model.unpad_row_bucket) and not torch.is_grad_enabled()
     if unpad and not output_attentions and (attention_mask is not None or pack_always):
         if attention_mask is None:
@@ -268,7 +271,11 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
             model.embeddings.check_length(input_ids.shape[1])
             packing = Packing.from_mask(attention_mask, model.config.is_causal, model.unpad_row_bucket)
             layout = VarlenPlan if input_ids.device.type == "cuda" else PackedPlan
-            return layout(products, packing, cls_only and bool(host_mask[:, 0].all()))
+            plan = layout(products, packing, cls_only and bool(host_mask[:, 0].all()))
+            plan.first_token_as_rows = fast
+            return plan
     mask = attention_mask_for(attention_mask, input_ids.shape[1], model.config.is_causal, input_ids.device,
                               trim_keys=fast and not output_attentions)
-    return PaddedPlan(products, mask, cls_only)
+    plan = PaddedPlan(products, mask, cls_only)
+    plan.first_token_as_rows = fast
+    return plan

@@ -329,7 +329,8 @@ def test_stacked_parameters_in_place_give_each_parameter_its_gradient(monkeypatc
 def test_cls_only_last_layer_matches_the_full_layer(minilm_dir, real_batches):
     """`cls_only` (what the classification heads ask for) runs the last layer at [CLS] only: the pooled
     vector, the [CLS] row and every parameter's gradient equal the full layer's, padded and unpadded,
-    on real batches; the full layer runs when more is asked for or position 0 is padding."""
+    on real batches, and in CPU inference; the full layer runs when more is asked for or position 0 is
+    padding."""
     model = BertModel.from_pretrained(minilm_dir).eval()  # no dropout; gradients on: not the inference path
     hidden = model.config.hidden_size
     for batch in (real_batches[0], real_batches[2]):  # SST-2 sentences, MRPC pairs
@@ -357,8 +358,12 @@ def test_cls_only_last_layer_matches_the_full_layer(minilm_dir, real_batches):
         assert model(**batch, cls_only=True).last_hidden_state.shape[:2] == shape and seen
     finally:
         handle.remove()
-    with torch.inference_mode():  # the CPU inference path computes every row
-        assert model(**batch, cls_only=True).last_hidden_state.shape[:2] == shape
+    with torch.inference_mode():  # the CPU inference path: [CLS] as one row per example (forward_rows)
+        for unpad in (False, True):
+            full, first = model(**batch, unpad=unpad), model(**batch, unpad=unpad, cls_only=True)
+            assert first.last_hidden_state.shape == (shape[0], 1, hidden)
+            assert max_diff(first.last_hidden_state[:, 0], full.last_hidden_state[:, 0]) <= TOL
+            assert max_diff(first.pooler_output, full.pooler_output) <= TOL
 
 
 def test_span_loss_is_the_same_on_both_paths_and_with_more_padding():

@@ -20,7 +20,7 @@ import bertforge.modeling.plans as plans_module
 from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel, optimize_for_inference
 from bertforge.modeling.attention import (_padded_attention, attend, first_token_attention, packed_attention,
                                           padded_attention, varlen_applies)
-from bertforge.modeling.packing import HOST_COPY, Packing, host_copy, keep_host_copy
+from bertforge.modeling.packing import HOST_COPY, Packing, bucket_size, host_copy, keep_host_copy
 from bertforge.modeling.plans import (REFERENCE, REFERENCE_PRODUCTS, CpuInference, InPlace, PackedPlan, PaddedPlan,
                                       Reference, VarlenPlan, choose_plan)
 
@@ -80,11 +80,13 @@ def test_the_plan_is_chosen_from_the_call_and_the_edge():
         assert kinds(plan_of(encoder, inputs)) == ("PaddedPlan", "CpuInference")
         assert kinds(plan_of(encoder, inputs, unpad=True)) == ("PackedPlan", "CpuInference")
         assert kinds(plan_of(encoder, inputs, unpad=True, output_attentions=True)) == ("PaddedPlan", "CpuInference")
-        assert not plan_of(encoder, inputs, cls_only=True).cls_only  # CPU inference runs the full last layer
+        first = plan_of(encoder, inputs, cls_only=True)  # CPU inference: [CLS] as rows of forward_rows
+        assert first.cls_only and first.first_token_as_rows
         handle = encoder.encoder.layer[0].intermediate.register_forward_hook(lambda *args: None)
         try:  # a hook could keep a reused buffer: in place only where no hook sees it
             assert kinds(plan_of(encoder, inputs, unpad=True)) == ("PackedPlan", "InPlace")
-            assert plan_of(encoder, inputs, unpad=True, cls_only=True).cls_only
+            first = plan_of(encoder, inputs, unpad=True, cls_only=True)
+            assert first.cls_only and not first.first_token_as_rows
         finally:
             handle.remove()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -123,10 +125,11 @@ def test_every_inference_plan_gives_the_reference_outputs(products, unpad, row_b
     out = run(encoder, inputs, products, unpad)
     assert max_diff(out.last_hidden_state[real], reference.last_hidden_state[real]) <= TOL
     assert max_diff(out.pooler_output, reference.pooler_output) <= TOL
-    if products is InPlace:  # [CLS] only: the last layer at one row per example
-        first = run(encoder, inputs, products, unpad, cls_only=True)
-        assert first.last_hidden_state.shape[1] == 1
-        assert max_diff(first.last_hidden_state[:, 0], reference.last_hidden_state[:, 0]) <= TOL
+    # [CLS] only: the last layer at one row per example (InPlace: forward_first; CpuInference: forward_rows)
+    first = run(encoder, inputs, products, unpad, cls_only=True)
+    assert first.last_hidden_state.shape[1] == 1
+    assert max_diff(first.last_hidden_state[:, 0], reference.last_hidden_state[:, 0]) <= TOL
+    assert max_diff(first.pooler_output, reference.pooler_output) <= TOL
 
 
 @pytest.mark.parametrize("products", [InPlace, CpuInference])
@@ -212,10 +215,12 @@ def test_output_positions_run_the_last_layer_at_those_rows_only(products, unpad,
             out = encoder(**inputs, unpad=unpad, output_positions=positions)
     assert out.last_hidden_state.shape == expected.shape and out.pooler_output is None
     assert max_diff(out.last_hidden_state.detach(), expected) <= TOL
-    assert seen == [positions.numel()]
+    distinct = len({(row, position) for row, chosen in enumerate(positions.tolist()) for position in chosen})
+    bucketed = distinct if products is Reference else bucket_size(distinct, row_bucket)  # inference buckets
+    assert seen == [bucketed] and distinct < positions.numel()  # each row once
     with torch.no_grad():  # asking for the hidden states runs the full last layer, gathered
         full = encoder(**inputs, unpad=unpad, output_positions=positions, output_hidden_states=True)
-    assert max_diff(full.last_hidden_state, expected) <= TOL and seen[-1] != positions.numel()
+    assert max_diff(full.last_hidden_state, expected) <= TOL and seen[-1] > seen[0]
     with pytest.raises(ValueError, match="cls_only and output_positions"):
         encoder(**inputs, cls_only=True, output_positions=positions)
 
