@@ -182,7 +182,6 @@ class TransformerLayer(nn.Module):
         attended = self.attention.output(context, first, plan)
         return self.output(self.intermediate(attended, plan), attended, plan)
 
-
     def forward_rows(self, hidden_states: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor,
                      plan: Plan = REFERENCE) -> torch.Tensor:
         """The layer's output at some of its tokens only: hidden_states (B, S, H) or the packed (T, H),
@@ -275,6 +274,19 @@ class BertModel(PreTrainedBert):
                 and isinstance(layer.attention.self, MultiHeadSelfAttention)
                 and not any(module._forward_hooks or module._forward_pre_hooks for module in layer.modules()))
 
+    def _last_layer_at(self, positions: torch.Tensor, last: TransformerLayer, hidden: torch.Tensor,
+                       plan: Plan) -> torch.Tensor:
+        """The last layer's outputs at positions (B, P) -> (B, P, H) (`TransformerLayer.forward_rows`), each
+        distinct row computed once (a batch's positions are padded to its longest row, so repeat) and, in
+        inference, their count bucketed as the packed length is (`packing.bucket_size`): few kernel shapes."""
+        rows, where = torch.unique(plan.rows_at(hidden, positions), return_inverse=True)
+        count = rows.shape[0]
+        filler = 0 if torch.is_grad_enabled() else bucket_size(count, self.unpad_row_bucket) - count
+        if filler:
+            rows = torch.cat([rows, rows[:1].expand(filler)])
+        out = last.forward_rows(hidden, plan.mask, rows, plan)[where]
+        return out.view(*positions.shape, out.shape[-1])
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -298,8 +310,9 @@ class BertModel(PreTrainedBert):
         `cls_only`: the caller reads only position 0 ([CLS]) of the last layer (the pooler, a sentence
         classifier): the last layer then runs its query, output projection, feed-forward and norms on
         that row alone (`TransformerLayer.forward_first`; keys and values still come from every token),
-        and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float rounding. It is
-        ignored where the plan cannot honour it (`plans.choose_plan`): the full last layer runs.
+        and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float rounding; on the
+        CPU inference plan the [CLS] rows go through `forward_rows` instead (`Plan.first_token_as_rows`).
+        It is ignored where the plan cannot honour it (`plans.choose_plan`): the full last layer runs.
 
         `output_positions` (B, P) int64: the caller reads only these positions of the last layer (a token
         classifier's first word pieces): last_hidden_state is (B, P, H), the full call's rows at those
@@ -329,15 +342,7 @@ class BertModel(PreTrainedBert):
             if output_attentions:
                 all_attentions.append(probs)
         if at_rows:
-            # each asked-for row once (a batch's positions are padded to its longest row: repeats)
-            rows, where = torch.unique(plan.rows_at(hidden, positions), return_inverse=True)
-            count = rows.shape[0]
-            # in inference, the row count bucketed as the packed length is (`packing.bucket_size`): few kernel shapes
-            filler = 0 if torch.is_grad_enabled() else bucket_size(count, self.unpad_row_bucket) - count
-            if filler:
-                rows = torch.cat([rows, rows[:1].expand(filler)])
-            out = last.forward_rows(hidden, plan.mask, rows, plan)[where]
-            sequence = out.view(*positions.shape, out.shape[-1])  # (B, P, H); (B, 1, H) for cls_only
+            sequence = self._last_layer_at(positions, last, hidden, plan)  # (B, P, H); (B, 1, H) for cls_only
         elif last is not None:
             sequence = plan.first_token_output(last.forward_first(hidden, plan.mask, plan))  # (B, 1, H)
         else:
