@@ -395,7 +395,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--throughput-rows", type=int, default=1024, help="the first N dev texts")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds over every model and dtype (median)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds over every model and dtype (median)")
     parser.add_argument("--plot", type=Path, help="a PNG of score against throughput (needs --throughput)")
     args = parser.parse_args()
     args.tasks = args.tasks.split(",")

@@ -20,7 +20,8 @@ from .base import Feature, Pipeline, PipelineInputError, windows
 class TagPipeline(Pipeline):
     """Labels per word and entities with character spans (NER).
 
-    Each word is labelled by its first word piece (the paper's §4.3 setup); texts longer than
+    Each word is labelled by its first word piece (the paper's §4.3 setup), and only those rows run
+    through the encoder's last layer and the classifier (`WordLogitsGraph`); texts longer than
     `max_length` run as overlapping windows `stride` tokens apart, each token taking the window in
     which it has the most context. `pipe(texts, aggregation="simple")` -> for each text a list of
     entities `{"entity", "score", "start", "end", "text"}`; `aggregation="none"` gives every word
