@@ -311,7 +311,7 @@ class BertModel(PreTrainedBert):
         classifier): the last layer then runs its query, output projection, feed-forward and norms on
         that row alone (`TransformerLayer.forward_first`; keys and values still come from every token),
         and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float rounding; on the
-        CPU inference plan the [CLS] rows go through `forward_rows` instead (`Plan.first_token_as_rows`).
+        CPU inference plan the [CLS] rows go through `forward_rows` instead (`plans.Reference.first_token_as_rows`).
         It is ignored where the plan cannot honour it (`plans.choose_plan`): the full last layer runs.
 
         `output_positions` (B, P) int64: the caller reads only these positions of the last layer (a token
@@ -330,7 +330,7 @@ class BertModel(PreTrainedBert):
         all_attentions = [] if output_attentions else None
         layers = list(self.encoder.layer)
         positions = output_positions
-        if plan.cls_only and plan.first_token_as_rows:  # [CLS] as one row per example (Plan says why)
+        if plan.cls_only and plan.first_token_as_rows:  # [CLS] as one row per example (plans.Reference says why)
             positions = input_ids.new_zeros(input_ids.shape[0], 1)
         at_rows = (positions is not None and not (output_hidden_states or output_attentions)
                    and self._last_layer_at_rows_ok())

@@ -52,6 +52,10 @@ class Reference:
     the stacked Q, K, V weights), each sum a fresh tensor."""
 
     workspace: Workspace | None = None
+    # Whether a [CLS]-only last layer runs as rows of `TransformerLayer.forward_rows` (full attention, the
+    # rest at the [CLS] rows) rather than `forward_first`'s one query per example: `CpuInference`'s kernels
+    # take rows only.
+    first_token_as_rows = False
 
     def linear(self, module: nn.Module, x: torch.Tensor, key: str) -> torch.Tensor:
         """module(x); `key` names the product's reused buffer on `CpuInference`."""
@@ -104,6 +108,8 @@ class CpuInference(InPlace):
     with the weight packed once (`kernels.project`), or with the BLAS into one reused buffer per product
     (`Workspace`: the layers consume each within the layer). One per forward pass, never shared."""
 
+    first_token_as_rows = True
+
     def __init__(self) -> None:
         self.workspace = Workspace()
 
@@ -134,14 +140,12 @@ class Plan:
 
     mask: torch.Tensor | None = None
     packing: Packing | None = None
-    # cls_only as rows (`TransformerLayer.forward_rows`: full attention, the rest at the [CLS] rows) rather
-    # than `forward_first`'s one query per example: the CPU inference products' kernels take rows only.
-    first_token_as_rows = False
 
     def __init__(self, products: Reference, cls_only: bool = False) -> None:
         self.linear, self.linear_activation = products.linear, products.linear_activation
         self.add, self.project_qkv, self.workspace = products.add, products.project_qkv, products.workspace
         self.cls_only = cls_only
+        self.first_token_as_rows = products.first_token_as_rows  # see Reference
 
     def first_token_attention(self, attention: nn.Module, hidden_states: torch.Tensor, first: torch.Tensor,
                               mask: torch.Tensor | None) -> torch.Tensor:
@@ -247,7 +251,7 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
     `model._inference_fast_path`, `InPlace` in other inference, else `Reference`. Keys past the last
     real one are cut on the CPU inference path (finding it costs no device sync there). [CLS]-only where
     the model's last layer allows it (`model._last_layer_at_rows_ok`), on `CpuInference` as rows
-    (`first_token_as_rows`), and on the packed layout only when every example's position 0 is real.
+    (`Reference.first_token_as_rows`), and on the packed layout only when every example's position 0 is real.
     On CUDA the packed layout is `VarlenPlan`; the mask is read on the host (`packing.host_copy`).
     """
     if input_ids.dim() != 2:
@@ -271,11 +275,7 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
             model.embeddings.check_length(input_ids.shape[1])
             packing = Packing.from_mask(attention_mask, model.config.is_causal, model.unpad_row_bucket)
             layout = VarlenPlan if input_ids.device.type == "cuda" else PackedPlan
-            plan = layout(products, packing, cls_only and bool(host_mask[:, 0].all()))
-            plan.first_token_as_rows = fast
-            return plan
+            return layout(products, packing, cls_only and bool(host_mask[:, 0].all()))
     mask = attention_mask_for(attention_mask, input_ids.shape[1], model.config.is_causal, input_ids.device,
                               trim_keys=fast and not output_attentions)
-    plan = PaddedPlan(products, mask, cls_only)
-    plan.first_token_as_rows = fast
-    return plan
+    return PaddedPlan(products, mask, cls_only)

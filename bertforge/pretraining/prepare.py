@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from .._files import own_directory, write_text_atomic
 from ..tokenization import BertTokenizer
 from ..tokenization.tokenizer import TOKENIZER_CONFIG_NAME
-from ..tokenization.vocab import CLS, MASK, PAD, SEP, VOCAB_NAME, vocab_fingerprint
+from ..tokenization.vocab import CLS, MASK, PAD, SEP, VOCAB_NAME, continuation_flags, vocab_fingerprint
 from .shards import (CONTINUATION_NAME, FIELDS, FORMAT, INDEX_NAME, MASK_FIELDS, MAX_SEQ_LENGTH_LIMIT, id_dtype,
                      save_atomic, shard_file)
 from .text import FORMATS, check_utf8
@@ -248,10 +248,7 @@ def _prepare_pretraining(inputs: Sequence[str | os.PathLike], vocab_file: str | 
             for field in FIELDS + (MASK_FIELDS if masking == "static" else ()):
                 os.replace(shard_file(directory, name, field), shard_file(directory, final, field))
             shards.append({"name": final, "num_instances": count})
-    continuation = np.zeros(vocab_size, dtype=bool)
-    for token, index in vocab.items():
-        continuation[index] = token.startswith("##")
-    save_atomic(directory / CONTINUATION_NAME, continuation)
+    save_atomic(directory / CONTINUATION_NAME, continuation_flags(vocab))
     _write_tokenizer(directory, vocab_path, tokenizer.settings())
 
     index = {

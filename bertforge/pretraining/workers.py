@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..tokenization import BertTokenizer
-from ..tokenization.vocab import CLS, MASK, PAD, SEP
+from ..tokenization.vocab import CLS, MASK, PAD, SEP, continuation_flags
 from .instances import tokenize_document, windowed_instances
 from .masking import mask_instance
 from .shards import ShardWriter
@@ -61,11 +61,7 @@ def _run_worker(job: dict, report: Callable[[int], None]) -> dict:
                                                tokenizer.unk_token_id)
     vocab_size = max(vocab.values()) + 1
     static = job["masking"] == "static"
-    continuation = None
-    if job["whole_word_mask"]:
-        continuation = np.zeros(max(vocab.values()) + 1, dtype=bool)
-        for token, index in vocab.items():
-            continuation[index] = token.startswith("##")
+    continuation = continuation_flags(vocab) if job["whole_word_mask"] else None
     structure_rng, mask_rng = _worker_seeds(job["seed"], job["worker"])
     writer = ShardWriter(job["output_dir"], f".tmp-w{job['worker']:03d}", shard_size=job["shard_size"],
                          max_seq_length=job["max_seq_length"], max_predictions_per_seq=job["max_predictions_per_seq"],

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+import numpy as np
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
 from ._read import VOCAB_LIMIT, decode_utf8, read_bounded
@@ -122,3 +123,12 @@ def train_vocab(files: Iterable[str | os.PathLike], vocab_size: int = 30522, low
     if output is not None:
         save_vocab(vocab, output)
     return vocab
+
+
+def continuation_flags(vocab: Mapping[str, int]) -> np.ndarray:
+    """(largest id + 1,) bool: whether each id's token continues a word ("##..."): what whole-word masking
+    and a tagger's word starts read."""
+    flags = np.zeros(max(vocab.values(), default=-1) + 1, dtype=bool)
+    for token, index in vocab.items():
+        flags[index] = token.startswith("##")
+    return flags

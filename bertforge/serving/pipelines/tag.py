@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from ...modeling import BertForTokenClassification
+from ...tokenization.vocab import continuation_flags
 from ...tasks.arrays import softmax
 from ...tasks.windows import max_context_window
 from ..entities import group_entities
@@ -50,11 +51,7 @@ class TagPipeline(Pipeline):
 
     @functools.cached_property
     def _continuation(self) -> np.ndarray:
-        """For each vocabulary id, whether its token continues a word ("##..."): (V,) bool."""
-        flags = np.zeros(max(self.tokenizer.ids_to_tokens, default=-1) + 1, dtype=bool)
-        for token_id, token in self.tokenizer.ids_to_tokens.items():
-            flags[token_id] = token.startswith("##")
-        return flags
+        return continuation_flags(self.tokenizer.vocab)
 
     def word_starts(self, ids: Sequence[int]) -> np.ndarray:
         """The positions in `ids` (a text's word pieces) where a word starts: every piece but a "##"
@@ -85,7 +82,7 @@ class TagPipeline(Pipeline):
                 mine = starts[owners == w]
                 features.append(Feature(i, [cls, *ids[start:end], sep], [0] * n,
                                         {"word_positions": (1 + mine - start).tolist()},  # +1: [CLS]
-                                        info={"ids": ids, "offsets": offsets, "starts": mine}))
+                                        info={"pieces": len(ids), "offsets": offsets, "starts": mine}))
         return features
 
     def postprocess(self, inputs, features, outputs, aggregation="simple", stride=None):
@@ -100,7 +97,7 @@ class TagPipeline(Pipeline):
             if not pieces:
                 results.append([])
                 continue
-            ids, offsets = pieces[0][0].info["ids"], pieces[0][0].info["offsets"]
+            count, offsets = pieces[0][0].info["pieces"], pieces[0][0].info["offsets"]
             # (words, K): each window's rows are its words' first pieces (the rest is the batch's padding)
             starts = np.concatenate([f.info["starts"] for f, _ in pieces])
             logits = np.concatenate([out[:len(f.info["starts"])] for f, out in pieces])
@@ -110,7 +107,7 @@ class TagPipeline(Pipeline):
             scores = probs[np.arange(len(best)), best].tolist()
             if len(names) < probs.shape[-1]:
                 names = [labels.get(k, f"LABEL_{k}") for k in range(probs.shape[-1])]
-            ends = [*(starts[1:] - 1).tolist(), len(ids) - 1]  # a word ends with its last piece
+            ends = [*(starts[1:] - 1).tolist(), count - 1]  # a word ends with its last piece
             words = [{"label": names[b], "score": score, "start": offsets[s][0], "end": offsets[e][1]}
                      for b, score, s, e in zip(best.tolist(), scores, starts.tolist(), ends)]
             if aggregation == "none":
