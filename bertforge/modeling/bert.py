@@ -322,8 +322,12 @@ class BertModel(PreTrainedBert):
         the last layer cannot (`_last_layer_at_rows_ok`): the full layer then runs and its rows are
         gathered. A padding position's row is unspecified. Not with cls_only.
         """
-        if output_positions is not None and cls_only:
-            raise ValueError("cls_only and output_positions ask for different rows of the last layer: give one")
+        if output_positions is not None:
+            if cls_only:
+                raise ValueError("cls_only and output_positions ask for different rows of the last layer: give one")
+            if output_positions.dim() != 2 or output_positions.shape[0] != input_ids.shape[0]:
+                raise ValueError(f"output_positions must be (batch, P) with batch {input_ids.shape[0]} as input_ids, "
+                                 f"got shape {tuple(output_positions.shape)}")
         plan = choose_plan(self, input_ids, attention_mask, unpad, output_hidden_states, output_attentions, cls_only)
         hidden = self.embeddings(*plan.embedding_inputs(input_ids, token_type_ids), plan=plan)
         all_hidden = [plan.unpack(hidden)] if output_hidden_states else None

@@ -223,6 +223,8 @@ def test_output_positions_run_the_last_layer_at_those_rows_only(products, unpad,
     assert max_diff(full.last_hidden_state, expected) <= TOL and seen[-1] > seen[0]
     with pytest.raises(ValueError, match="cls_only and output_positions"):
         encoder(**inputs, cls_only=True, output_positions=positions)
+    with pytest.raises(ValueError, match=r"output_positions must be \(batch, P\).*got shape \(3, 2\)"):
+        encoder(**inputs, output_positions=positions[:3, :2])
 
 
 def test_output_positions_give_the_full_calls_gradients():
