@@ -37,6 +37,16 @@ starts where it does); the speed-up of each student is given against the teacher
 quiet machine: the load average is reported. `goal`: the issue's goal for the 3-layer distilled student
 (>= 98% of the teacher's score at >= 2x its fp32 throughput; >= 97% at >= 4x with int8), per task.
 
+`bound` (with --throughput, fp32): how fast a student could be against its teacher at most. The linear
+layers' work of each model on these texts, in full-layer units: every layer but the last at every token,
+the last one's query/key/value projections at every token and the rest of it (output projection,
+feed-forward: 9 of its 12 H² per token) at the rows the pipeline reads (a classifier's [CLS], a tagger's
+words' first pieces), counted from the pipeline's own features. Their ratio is the speed-up with nothing but
+those layers costing time; `with_pre_post` adds the measured preprocessing (tokenizing) and
+postprocessing (labels, words) of each model's --repeats stage passes (the steps of `Pipeline.__call__`
+timed one by one, interleaved like the timed rounds), with the whole forward pass counted as layer work
+(generous to the student).
+
 `--plot FILE.png` (matplotlib): dev score against throughput (log x), one marker per model and dtype, the
 teacher highlighted, one panel per task; needs --throughput.
 
@@ -251,6 +261,7 @@ class Timed:
         self.options = {"aggregation": "none"} if task == "conll" else {}
         self.texts, self.batch_size = texts, args.batch_size
         self.seconds: list[float] = []
+        self.stages: list[dict[str, float]] = []
 
     def run(self) -> list:
         chunk = self.pipe.limits.max_rows
@@ -261,6 +272,34 @@ class Timed:
         started = time.perf_counter()
         self.run()
         self.seconds.append(time.perf_counter() - started)
+
+    def stage_pass(self) -> None:
+        """One pass through `Pipeline.__call__`'s steps timed one by one: preprocess (checks and
+        tokenizing), run (the forward passes), postprocess."""
+        pipe, times = self.pipe, {"preprocess": 0.0, "run": 0.0, "postprocess": 0.0}
+        for i in range(0, len(self.texts), pipe.limits.max_rows):
+            started = time.perf_counter()
+            pipe.check_options(**self.options)
+            inputs = pipe.check_inputs((self.texts[i:i + pipe.limits.max_rows],))
+            features = pipe.preprocess(*inputs, **self.options)
+            preprocessed = time.perf_counter()
+            outputs = pipe.run(features, self.batch_size)
+            ran = time.perf_counter()
+            pipe.postprocess(inputs, features, outputs, **self.options)
+            times["preprocess"] += preprocessed - started
+            times["run"] += ran - preprocessed
+            times["postprocess"] += time.perf_counter() - ran
+        self.stages.append(times)
+
+    def layer_work(self, layers: int) -> dict:
+        """The linear layers' work of a `layers`-layer model on these texts, in full-layer units (see the
+        module docstring, `bound`), from this pipeline's features: tokens, the last layer's rows, units."""
+        tokens = rows = 0
+        for i in range(0, len(self.texts), self.pipe.limits.max_rows):
+            for feature in self.pipe.preprocess(self.texts[i:i + self.pipe.limits.max_rows], **self.options):
+                tokens += len(feature.input_ids)
+                rows += len(feature.extra_inputs.get("word_positions", [0]))  # a classifier reads [CLS]
+        return {"tokens": tokens, "last_layer_rows": rows, "units": layers - 1 + (3 + 9 * rows / tokens) / 12}
 
 
 def throughput(args, study_result: dict) -> dict:
@@ -293,6 +332,11 @@ def throughput(args, study_result: dict) -> dict:
             log(f"{task}: timed round {round_ + 1} of {args.repeats} ...")
             for entry in timed.values():
                 entry.timed_pass()
+        staged = {name: timed[name, "fp32"] for name in models if (name, "fp32") in timed}
+        for round_ in range(args.repeats if staged else 0):
+            log(f"{task}: stage round {round_ + 1} of {args.repeats} (fp32) ...")
+            for entry in staged.values():
+                entry.stage_pass()
         for name, model in models.items():
             model["dtypes"] = {}
             for dtype in args.dtypes:
@@ -300,7 +344,15 @@ def throughput(args, study_result: dict) -> dict:
                 model["dtypes"][dtype] = {"examples_per_s": len(texts) / statistics.median(seconds),
                                           "seconds": seconds, "dev_score": scores[name, dtype]}
                 log(f"  {name} {dtype}: {model['dtypes'][dtype]['examples_per_s']:.1f} examples/s")
-        del timed
+        for name, entry in staged.items():
+            model = models[name]
+            layers = model["layers"] or json.loads((Path(model["dir"]) / "config.json").read_text())["num_hidden_layers"]
+            model["layers"] = layers
+            model["work"] = entry.layer_work(layers)
+            model["stages_fp32_ms_per_example"] = {
+                stage: 1e3 * statistics.median(s[stage] for s in entry.stages) / len(texts)
+                for stage in ("preprocess", "run", "postprocess")}
+        del timed, staged
         teacher = models["teacher"]["dtypes"]
         for name, model in models.items():
             if name == "teacher":
@@ -309,8 +361,20 @@ def throughput(args, study_result: dict) -> dict:
                 entry["speedup_vs_teacher_same_dtype"] = entry["examples_per_s"] / teacher[dtype]["examples_per_s"]
                 if "fp32" in teacher:
                     entry["speedup_vs_teacher_fp32"] = entry["examples_per_s"] / teacher["fp32"]["examples_per_s"]
+            if "work" in model and "work" in models["teacher"]:
+                model["bound"] = bound(models["teacher"], model)
         result[task] = {"rows": len(texts), "models": models}
     return result
+
+
+def bound(teacher: dict, student: dict) -> dict:
+    """The student's speed-up over its teacher at fp32 with nothing but the linear layers' work costing
+    time, and with the measured pre- and postprocessing besides (the forward pass scaled by the work)."""
+    share = student["work"]["units"] / teacher["work"]["units"]
+    t, s = teacher["stages_fp32_ms_per_example"], student["stages_fp32_ms_per_example"]
+    outside = {"teacher": t["preprocess"] + t["postprocess"], "student": s["preprocess"] + s["postprocess"]}
+    return {"layers_only": 1 / share,
+            "with_pre_post": (t["run"] + outside["teacher"]) / (t["run"] * share + outside["student"])}
 
 
 def goal(result: dict) -> dict:
@@ -324,7 +388,7 @@ def goal(result: dict) -> dict:
         if not rows or student is None or entry["models"]["teacher"]["dtypes"].get("fp32") is None:
             continue
         best = max(rows, key=lambda r: r["score"]["mean"])
-        out[task] = {"augment": best["augment"]}
+        out[task] = {"augment": best["augment"], "bound_fp32": student.get("bound")}
         for dtype, (kept_goal, speed_goal) in GOAL.items():
             measured, fp32 = student["dtypes"].get(dtype), student["dtypes"].get("fp32")
             if measured is None:
