@@ -54,7 +54,7 @@ from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
-from .intermediate import IntermediateTransfer, intermediate_counts, teacher_intermediate_losses, with_intermediate
+from .intermediate import IntermediateTransfer, StudentPass, intermediate_counts, with_intermediate
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
 
@@ -117,27 +117,20 @@ def answer_step(temperature: float, alpha: float, labels_only: bool = False,
     the teacher then runs on the batch too and `intermediate_weight` × its terms ("hidden_loss",
     "attention_loss", over every real token of the window, question included) are added."""
     def step(model, batch: dict[str, torch.Tensor]):
-        teacher_model, transfer = intermediate() if intermediate is not None else (None, None)
-        kinds = transfer.kinds if transfer is not None else ()
-        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                      attention_mask=batch["attention_mask"])
-        out = model(**inputs, output_hidden_states="hidden" in kinds, output_attentions="attention" in kinds)
+        student = StudentPass(model, batch, intermediate)
         valid = batch["position_mask"]
-        start, end = _masked(out.start_logits, valid), _masked(out.end_logits, valid)
+        start, end = _masked(student.out.start_logits, valid), _masked(student.out.end_logits, valid)
         teacher_start, teacher_end = _masked(batch["teacher_start"], valid), _masked(batch["teacher_end"], valid)
         hard = (hard_label_loss(start, batch["start_positions"]) + hard_label_loss(end, batch["end_positions"])) / 2
         with torch.no_grad():
             agree = ((start.argmax(-1) == teacher_start.argmax(-1)).sum()
                      + (end.argmax(-1) == teacher_end.argmax(-1)).sum())
             metrics = {"teacher_agreement": (agree.float() / 2, len(valid))}  # windows: mean of start and end
-        if labels_only:
-            return {"label_loss": hard}, metrics
-        soft = (soft_target_loss(start, teacher_start, temperature)
-                + soft_target_loss(end, teacher_end, temperature)) / 2
-        losses = {"distill_loss": soft, "label_loss": alpha * hard}
-        if transfer is not None:
-            losses.update(teacher_intermediate_losses(teacher_model, transfer, out, inputs, intermediate_weight))
-        return losses, metrics
+
+        def soft() -> torch.Tensor:
+            return (soft_target_loss(start, teacher_start, temperature)
+                    + soft_target_loss(end, teacher_end, temperature)) / 2
+        return student.losses(soft, hard, alpha, labels_only, intermediate_weight), metrics
     return step
 
 

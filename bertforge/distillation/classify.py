@@ -31,6 +31,7 @@ with the teacher on the training file (the squared error for regression).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -52,12 +53,11 @@ from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
-from .intermediate import (IntermediateTransfer, intermediate_counts, teacher_intermediate_losses,
-                           with_intermediate)
+from .intermediate import IntermediateTransfer, StudentPass, intermediate_counts, with_intermediate
 from .objectives import hard_label_loss, soft_target_loss, squared_error_loss
 from .student import build_student
 
-__all__ = ["DISTILL_INFO", "cached_logits", "classify_distill_task", "distillation_step", "read_unlabeled"]
+__all__ = ["DISTILL_INFO", "cached_logits", "classify_distill_task", "distillation_step", "read_unlabeled", "teacher_batch"]
 
 # Kept with the student: the teacher, the layers, the objective, the transfer set, the teacher's dev scores.
 DISTILL_INFO = "distillation.json"
@@ -94,30 +94,18 @@ def distillation_step(temperature: float, alpha: float, regression: bool, labels
     the teacher then runs on the batch too and `intermediate_weight` × its terms ("hidden_loss",
     "attention_loss") are added."""
     def step(model, batch: dict[str, torch.Tensor]):
-        transfer = teacher_model = None
-        if intermediate is not None:
-            teacher_model, transfer = intermediate()
-        hidden, attention = (transfer is not None and "hidden" in transfer.kinds,
-                             transfer is not None and "attention" in transfer.kinds)
-        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                      attention_mask=batch["attention_mask"])
-        out = model(**inputs, output_hidden_states=hidden, output_attentions=attention)
-        logits, teacher, mask = out.logits, batch["teacher_logits"], batch["label_mask"]
+        student = StudentPass(model, batch, intermediate)
+        logits, teacher, mask = student.out.logits, batch["teacher_logits"], batch["label_mask"]
         metrics = {}
         if regression:
-            soft = squared_error_loss(logits, teacher[:, 0])
             hard = squared_error_loss(logits, batch["labels"], mask)
+            soft = functools.partial(squared_error_loss, logits, teacher[:, 0])
         else:
-            soft = soft_target_loss(logits, teacher, temperature)
             hard = hard_label_loss(logits, batch["labels"], mask)
+            soft = functools.partial(soft_target_loss, logits, teacher, temperature)
             with torch.no_grad():
                 metrics["teacher_agreement"] = ((logits.argmax(-1) == teacher.argmax(-1)).sum(), len(teacher))
-        if labels_only:
-            return {"label_loss": hard}, metrics
-        losses = {"distill_loss": soft, "label_loss": alpha * hard}
-        if transfer is not None:
-            losses.update(teacher_intermediate_losses(teacher_model, transfer, out, inputs, intermediate_weight))
-        return losses, metrics
+        return student.losses(soft, hard, alpha, labels_only, intermediate_weight), metrics
     return step
 
 
@@ -128,13 +116,21 @@ def distillation_count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
             **intermediate_counts(batch["attention_mask"])}
 
 
-def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
+def teacher_batch(rows: list[dict], logits: np.ndarray, pad_id: int) -> tuple[dict[str, torch.Tensor], list[bool]]:
+    """The padded batch of sentence rows with each row's cached teacher logits ("teacher_logits") and
+    "label_mask" (the rows that carry a label: unlabeled and augmented text does not); and that mask as a
+    list, for the family's "labels"."""
     batch = pad_batch(rows, pad_id)
     batch["teacher_logits"] = torch.from_numpy(np.asarray(logits[[r["index"] for r in rows]], dtype=np.float32))
     labelled = [r.get("label") is not None for r in rows]
+    batch["label_mask"] = torch.tensor(labelled, dtype=torch.bool)
+    return batch, labelled
+
+
+def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
+    batch, labelled = teacher_batch(rows, logits, pad_id)
     values = [r["label"] if ok else 0 for r, ok in zip(rows, labelled)]
     batch["labels"] = torch.tensor(values, dtype=torch.float32 if regression else torch.long)
-    batch["label_mask"] = torch.tensor(labelled, dtype=torch.bool)
     return batch
 
 

@@ -23,7 +23,7 @@ transfer set the way its logits are; the soft-target logits still come from the 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from torch import nn
 from ..modeling import BertConfig
 from .student import student_config, student_layers
 
-__all__ = ["INTERMEDIATE_KINDS", "IntermediateTransfer", "WithTransfer", "intermediate_losses", "layer_map_for",
+__all__ = ["INTERMEDIATE_KINDS", "IntermediateTransfer", "StudentPass", "WithTransfer", "intermediate_losses", "layer_map_for",
            "intermediate_counts", "parse_intermediate", "parse_layer_map", "teacher_intermediate_losses",
            "uniform_layer_map", "with_intermediate"]
 
@@ -142,6 +142,34 @@ def teacher_intermediate_losses(teacher: nn.Module, transfer: IntermediateTransf
                      output_attentions="attention" in transfer.kinds)
     return {name: weight * value for name, value in
             intermediate_losses(transfer, student_out, theirs, inputs["attention_mask"]).items()}
+
+
+class StudentPass:
+    """One step's forward pass of the student on a batch, and the step's loss terms from it.
+
+    `intermediate()` (a run with --intermediate): the teacher and the run's `IntermediateTransfer`; the
+    student then also returns the hidden states / attention maps the transfer compares, and `losses`
+    adds the teacher's intermediate terms. `out`: the student's outputs."""
+
+    def __init__(self, model: nn.Module, batch: dict[str, torch.Tensor],
+                 intermediate: Callable[[], tuple[nn.Module, IntermediateTransfer]] | None = None) -> None:
+        self.teacher, self.transfer = intermediate() if intermediate is not None else (None, None)
+        kinds = self.transfer.kinds if self.transfer is not None else ()
+        self.inputs = {name: batch[name] for name in ("input_ids", "token_type_ids", "attention_mask")}
+        self.out = model(**self.inputs, output_hidden_states="hidden" in kinds, output_attentions="attention" in kinds)
+
+    def losses(self, soft: Callable[[], torch.Tensor], hard: torch.Tensor, alpha: float, labels_only: bool,
+               intermediate_weight: float = 1.0) -> dict[str, torch.Tensor]:
+        """{"label_loss": hard} alone, unweighted, for the labels-only control; else {"distill_loss": soft(),
+        "label_loss": alpha × hard} and, with a transfer, `intermediate_weight` × the teacher's intermediate
+        terms ("hidden_loss", "attention_loss")."""
+        if labels_only:
+            return {"label_loss": hard}
+        losses = {"distill_loss": soft(), "label_loss": alpha * hard}
+        if self.transfer is not None:
+            losses.update(teacher_intermediate_losses(self.teacher, self.transfer, self.out, self.inputs,
+                                                      intermediate_weight))
+        return losses
 
 
 def intermediate_counts(attention_mask: torch.Tensor) -> dict[str, float]:

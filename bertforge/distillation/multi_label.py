@@ -25,6 +25,7 @@ judged by that agreement on the training file, and keeps the teacher's threshold
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -37,7 +38,6 @@ from .._files import write_text_atomic
 from ..modeling import BertConfig, BertForSequenceClassification, load_for_inference
 from ..modeling.heads import MULTI_LABEL
 from ..tasks.classification import predict_features
-from ..tasks.classify_features import pad_batch
 from ..tasks.multi_label import (TASK_NAME, THRESHOLD_KEY, THRESHOLDS_KEY, convert_examples, label_thresholds,
                                  multi_hot, multi_label_metrics, sigmoid, tune_thresholds, write_dev_predictions)
 from ..tasks.multi_label_reader import MultiLabelExample
@@ -46,7 +46,8 @@ from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
 from .cache import default_cache_dir
-from .classify import DISTILL_INFO, cached_logits, distillation_count, read_unlabeled
+from .classify import DISTILL_INFO, cached_logits, distillation_count, read_unlabeled, teacher_batch
+from .intermediate import StudentPass
 from .objectives import binary_label_loss, soft_binary_target_loss
 from .student import build_student
 
@@ -61,28 +62,22 @@ def multi_label_distillation_step(temperature: float, alpha: float, thresholds: 
     cut = torch.from_numpy(np.log(thresholds / (1.0 - thresholds))).float()  # p >= t  <=>  logit >= logit(t)
 
     def step(model, batch: dict[str, torch.Tensor]):
-        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                    attention_mask=batch["attention_mask"])
-        logits, teacher, mask = out.logits, batch["teacher_logits"], batch["label_mask"]
+        student = StudentPass(model, batch)
+        logits, teacher, mask = student.out.logits, batch["teacher_logits"], batch["label_mask"]
         hard = binary_label_loss(logits, batch["labels"], mask)
         with torch.no_grad():
             threshold = cut.to(logits.device)
             same = (logits.float() >= threshold) == (teacher >= threshold)
             metrics = {"teacher_agreement": (same.sum(), same.numel())}
-        if labels_only:
-            return {"label_loss": hard}, metrics
-        return {"distill_loss": soft_binary_target_loss(logits, teacher, temperature), "label_loss": alpha * hard}, \
-            metrics
+        soft = functools.partial(soft_binary_target_loss, logits, teacher, temperature)
+        return student.losses(soft, hard, alpha, labels_only), metrics
     return step
 
 
 def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, num_labels: int) -> dict[str, torch.Tensor]:
-    batch = pad_batch(rows, pad_id)
-    batch["teacher_logits"] = torch.from_numpy(np.asarray(logits[[r["index"] for r in rows]], dtype=np.float32))
-    labelled = [r.get("label") is not None for r in rows]
+    batch, labelled = teacher_batch(rows, logits, pad_id)
     batch["labels"] = torch.from_numpy(multi_hot([r["label"] if ok else () for r, ok in zip(rows, labelled)],
                                                  num_labels).astype(np.float32))
-    batch["label_mask"] = torch.tensor(labelled, dtype=torch.bool)
     return batch
 
 

@@ -33,6 +33,7 @@ config.json): `bertforge predict` and `pipeline("tag")` take it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -45,7 +46,7 @@ from .._files import read_text, write_text_atomic
 from ..modeling import BertConfig, BertForTokenClassification, load_for_inference
 from ..modeling.modes import evaluating
 from ..tasks.conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTIONS, IGNORE_INDEX, TASK_NAME,
-                           Sentence, build_windows, collate_windows, ner_metrics, read_conll, word_piece_ids,
+                           Sentence, build_windows, collate_windows, ner_metrics, word_piece_ids,
                            write_conll)
 from ..tasks.registry import TaskFamily
 from ..tasks.tagging import predict_window_tags
@@ -54,7 +55,7 @@ from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
 from .cache import cache_key, default_cache_dir, teacher_outputs
 from .classify import DISTILL_INFO
-from .intermediate import IntermediateTransfer, intermediate_counts, teacher_intermediate_losses, with_intermediate
+from .intermediate import IntermediateTransfer, StudentPass, intermediate_counts, with_intermediate
 from .objectives import hard_label_loss, soft_target_loss
 from .student import build_student
 
@@ -129,25 +130,16 @@ def tag_distillation_step(temperature: float, alpha: float, labels_only: bool = 
     teacher and the run's `IntermediateTransfer`; the teacher then runs on the batch too and
     `intermediate_weight` × its terms ("hidden_loss", "attention_loss", over every real token) are added."""
     def step(model, batch: dict[str, torch.Tensor]):
-        teacher_model, transfer = intermediate() if intermediate is not None else (None, None)
-        kinds = transfer.kinds if transfer is not None else ()
-        inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                      attention_mask=batch["attention_mask"])
-        out = model(**inputs, output_hidden_states="hidden" in kinds, output_attentions="attention" in kinds)
-        logits = out.logits  # (B, S, K)
+        student = StudentPass(model, batch, intermediate)
+        logits = student.out.logits  # (B, S, K)
         mask, teacher, labels = batch["word_mask"], batch["teacher_logits"], batch["labels"]
         hard = hard_label_loss(logits, labels.clamp(min=0), labels != IGNORE_INDEX)
         with torch.no_grad():
             agree = (logits[mask].argmax(-1) == teacher.argmax(-1)).sum()
         metrics = {"teacher_agreement": (agree, len(teacher))}
-        if labels_only:
-            return {"label_loss": hard}, metrics
         # the teacher's rows are the batch's words in row-major order: logits[mask]'s order
-        soft = soft_target_loss(logits[mask], teacher, temperature)
-        losses = {"distill_loss": soft, "label_loss": alpha * hard}
-        if transfer is not None:
-            losses.update(teacher_intermediate_losses(teacher_model, transfer, out, inputs, intermediate_weight))
-        return losses, metrics
+        soft = functools.partial(soft_target_loss, logits[mask], teacher, temperature)
+        return student.losses(soft, hard, alpha, labels_only, intermediate_weight), metrics
     return step
 
 
