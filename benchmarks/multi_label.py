@@ -21,8 +21,9 @@ tokenization).
 `--ceiling`: what speed-up equal kernels would give, counted, not timed: the tokens each side's encoder
 runs over one epoch of the training file (the peer: each batch padded to its longest row, in the order of
 transformers' own `LengthGroupedSampler` for each seed; bertforge: the real tokens, its bucket filler left
-out) times the layers' linear work per token (the peer: 6 full layers; bertforge, whose classifier reads
-[CLS] alone: 5 full layers and the last one's key/value projections, 2 of its 12 H² per token). Their ratio
+out) times the layers' linear work per token (the peer: every layer in full, 6 for MiniLM; bertforge, whose
+classifier reads [CLS] alone: all but the last in full, and the last one's key/value projections, 2 of its
+12 H² per token). Their ratio
 is the speed-up if every token cost both sides the same in the same kernels (the optimizer's step, the same
 on both sides, only lowers it).
 
@@ -136,7 +137,7 @@ def ceiling(args) -> dict:
     texts, _ = read_tsv(args.data / "train.tsv", len(names))
     lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(args.model)(
         texts, truncation=True, max_length=128)["input_ids"]]
-    layers = 6
+    layers = json.loads((Path(args.model) / "config.json").read_text())["num_hidden_layers"]
     ours_units, peer_units = layers - 1 + 2 / 12, float(layers)
     padded = {}
     for seed in args.seeds:

@@ -198,3 +198,42 @@ def test_the_conll_part_scores_entities(study):
     for model in study["result"]["throughput"]["conll"]["models"].values():
         for measured in model["dtypes"].values():  # the pipeline's words are the file's here: F1 is scored
             assert measured["dev_score"] is not None and 0 <= measured["dev_score"] <= 1
+
+
+def test_the_bound_counts_each_models_layer_work(study):
+    """Work from the pipeline's own features: SST-2's last layer reads [CLS] (one row a sentence), CoNLL's each
+    word's first piece (every word of this vocabulary is one piece); the bound is the work ratio, then the
+    measured pre- and postprocessing added on both sides."""
+    root, result = study["root"], study["result"]
+    teacher_layers = json.loads((root / "encoder" / "config.json").read_text())["num_hidden_layers"]
+    sentences = [block.split("\n") for block in (root / "conll" / "valid.txt").read_text().split("\n\n")]
+    words = [len(lines) for lines in sentences if lines[0] and not lines[0].startswith("-DOCSTART-")]
+    for task, rows in (("sst2", 20), ("conll", sum(words))):
+        models = result["throughput"][task]["models"]
+        teacher, student = models["teacher"], models["L1"]
+        work = teacher["work"]
+        assert work == student["work"] | {"units": work["units"]} and work["last_layer_rows"] == rows
+        if task == "conll":
+            assert work["tokens"] == sum(words) + 2 * len(words)  # [CLS] and [SEP] around each sentence
+        share = work["last_layer_rows"] / work["tokens"]
+        assert work["units"] == pytest.approx(teacher_layers - 1 + (3 + 9 * share) / 12)
+        assert student["work"]["units"] == pytest.approx((3 + 9 * share) / 12)
+        assert teacher["layers"] == teacher_layers and student["layers"] == 1
+        for model in (teacher, student):
+            assert all(value > 0 for value in model["stages_fp32_ms_per_example"].values())
+        bound = student["bound"]
+        assert bound["layers_only"] == pytest.approx(work["units"] / student["work"]["units"])
+        assert bound == result["goal"].get(task, {}).get("bound_fp32", bound)
+
+
+def test_bound_by_hand():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import distill
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    teacher = {"work": {"units": 6.0}, "stages_fp32_ms_per_example": {"preprocess": 0.1, "run": 3.0, "postprocess": 0.1}}
+    student = {"work": {"units": 3.0}, "stages_fp32_ms_per_example": {"preprocess": 0.1, "run": 1.4, "postprocess": 0.1}}
+    got = distill.bound(teacher, student)
+    assert got["layers_only"] == pytest.approx(2.0)
+    assert got["with_pre_post"] == pytest.approx(3.2 / 1.7)  # the teacher's forward pass halved, 0.2 ms beside

@@ -1,0 +1,45 @@
+"""benchmarks/multi_label.py --ceiling on a tiny checkpoint and GoEmotions-shaped file: the tokens it counts are
+the file's, the peer's batches are padded as transformers' LengthGroupedSampler orders them, and the speed-up
+is the ratio of the two sides' work."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "i", "love", "hate", "this", "so", "much", "ok", "!"]
+
+
+def test_ceiling_counts_tokens_and_layer_work(tmp_path, save_tiny_checkpoint):
+    import random
+
+    model = save_tiny_checkpoint(tmp_path / "model", WORDS)
+    rng = random.Random(0)
+    rows = [" ".join(rng.choices(WORDS[5:], k=rng.randint(1, 12))) for _ in range(100)]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "emotions.txt").write_text("joy\nanger\n")
+    (data / "train.tsv").write_text("".join(f"{text}\t{i % 2}\tid{i}\n" for i, text in enumerate(rows)))
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "multi_label.py"), "--ceiling", "--model",
+                           str(model), "--data", str(data), "--seeds", "0,1"], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    lengths = [len(text.split()) + 2 for text in rows]  # each word one token, [CLS] and [SEP]
+    assert result["examples"] == 100 and result["real_tokens"] == sum(lengths)
+    layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
+    assert result["layer_units_per_token"] == {"ours": pytest.approx(layers - 1 + 2 / 12), "peer": layers}
+    for padded in result["peer_padded_tokens"].values():  # 100 rows: batches of 32, each at its longest row
+        assert sum(lengths) <= padded <= 32 * 3 * max(lengths) + 4 * max(lengths)
+    padding = sum(result["peer_padded_tokens"].values()) / 2 / sum(lengths)
+    assert result["peer_padding"] == pytest.approx(padding)
+    assert result["equal_kernels_speedup"] == pytest.approx(padding * layers / (layers - 1 + 2 / 12))
