@@ -184,7 +184,12 @@ def test_goal_reads_the_3_layer_distilled_student():
                   "teacher": {"dtypes": {"fp32": rate(100, 0.9), "int8": rate(150, 0.9)}},
                   "L3": {"dtypes": {"fp32": rate(210, 0.90, 100), "int8": rate(390, 0.88, 100)}}}}}}
     got = distill.goal(result)["sst2"]
-    assert got["augment"] == 8  # the best distilled 3-layer row, never the control or the 2-layer one
+    assert got["augment"] == 8 and got["objective"] == "distill"  # the best distilled 3-layer row, never the
+    # control or the 2-layer one; with the intermediate terms it is a distilled student too
+    summary = result["study"]["sst2"]["summary"]
+    summary.append(row(3, "intermediate", 0, 0.905, 100.5))
+    assert distill.goal(result)["sst2"]["objective"] == "intermediate"
+    summary.pop()
     assert got["fp32"]["pct_of_teacher"] == pytest.approx(100.0) and got["fp32"]["speedup_vs_teacher_fp32"] == 2.1
     assert got["fp32"]["met"]
     assert got["int8"]["pct_of_teacher"] == pytest.approx(100.0 * 0.88 / 0.90)  # 97.78: kept, but 3.9x < 4x
@@ -237,3 +242,17 @@ def test_bound_by_hand():
     got = distill.bound(teacher, student)
     assert got["layers_only"] == pytest.approx(2.0)
     assert got["with_pre_post"] == pytest.approx(3.2 / 1.7)  # the teacher's forward pass halved, 0.2 ms beside
+
+
+def test_the_intermediate_objective_adds_tinybert_terms(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import distill
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    args = distill.argparse.Namespace(keep=tmp_path, glue_dir=tmp_path, conll_dir=tmp_path, threads=1, student_epochs=2,
+                                      lr=None, augment_mlm=None)
+    command = distill.student_command(args, "sst2", tmp_path / "s", 3, "intermediate", 0, 0)
+    assert command[command.index("--intermediate") + 1] == "hidden,attention" and "--labels-only" not in command
+    assert "--intermediate" not in distill.student_command(args, "sst2", tmp_path / "s", 3, "distill", 0, 0)
+    assert distill.student_name(3, "intermediate", 0, 1) == "L3-intermediate-seed1"
