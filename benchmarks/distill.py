@@ -15,8 +15,8 @@ log under --keep:
 
     KEEP/<task>/teacher                  the fine-tuned teacher (one already there and finished is used as is)
     KEEP/<task>/teacher_outputs          the teacher's outputs, computed once for all students (--cache-dir)
-    KEEP/<task>/L<n>-<distill|labels>[-aug<N>]-seed<s>     one student: `bertforge distill --teacher
-                                         KEEP/<task>/teacher --layers n --seed s [--labels-only] [--augment N]`
+    KEEP/<task>/L<n>-<objective>[-aug<N>]-seed<s>  one student: `bertforge distill --teacher
+                                         KEEP/<task>/teacher --layers n --seed s [--labels-only | --intermediate hidden,attention] [--augment N]`
                                          (--labels-only at --augment 0 only: augmented text has no labels)
 
 A finished run (eval_results.json and no RUNNING marker) is read back, not run again; an unfinished one is
