@@ -116,20 +116,19 @@ def distillation_count(batch: dict[str, torch.Tensor]) -> dict[str, float]:
             **intermediate_counts(batch["attention_mask"])}
 
 
-def teacher_batch(rows: list[dict], logits: np.ndarray, pad_id: int) -> tuple[dict[str, torch.Tensor], list[bool]]:
+def teacher_batch(rows: list[dict], logits: np.ndarray, pad_id: int) -> dict[str, torch.Tensor]:
     """The padded batch of sentence rows with each row's cached teacher logits ("teacher_logits") and
-    "label_mask" (the rows that carry a label: unlabeled and augmented text does not); and that mask as a
-    list, for the family's "labels"."""
+    "label_mask" (the rows that carry a label: unlabeled and augmented text does not); the family adds
+    "labels"."""
     batch = pad_batch(rows, pad_id)
     batch["teacher_logits"] = torch.from_numpy(np.asarray(logits[[r["index"] for r in rows]], dtype=np.float32))
-    labelled = [r.get("label") is not None for r in rows]
-    batch["label_mask"] = torch.tensor(labelled, dtype=torch.bool)
-    return batch, labelled
+    batch["label_mask"] = torch.tensor([r.get("label") is not None for r in rows], dtype=torch.bool)
+    return batch
 
 
 def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, regression: bool) -> dict[str, torch.Tensor]:
-    batch, labelled = teacher_batch(rows, logits, pad_id)
-    values = [r["label"] if ok else 0 for r, ok in zip(rows, labelled)]
+    batch = teacher_batch(rows, logits, pad_id)
+    values = [r["label"] if r.get("label") is not None else 0 for r in rows]
     batch["labels"] = torch.tensor(values, dtype=torch.float32 if regression else torch.long)
     return batch
 

@@ -75,9 +75,8 @@ def multi_label_distillation_step(temperature: float, alpha: float, thresholds: 
 
 
 def _collate(rows: list[dict], logits: np.ndarray, pad_id: int, num_labels: int) -> dict[str, torch.Tensor]:
-    batch, labelled = teacher_batch(rows, logits, pad_id)
-    batch["labels"] = torch.from_numpy(multi_hot([r["label"] if ok else () for r, ok in zip(rows, labelled)],
-                                                 num_labels).astype(np.float32))
+    batch = teacher_batch(rows, logits, pad_id)
+    batch["labels"] = torch.from_numpy(multi_hot([r.get("label") or () for r in rows], num_labels).astype(np.float32))
     return batch
 
 
