@@ -25,7 +25,7 @@ AT_LEAST_ONE = ("batch_size", "eval_batch_size", "grad_accum", "max_seq_length",
                 "dupe_factor", "workers", "shard_size", "buffer_documents", "buffer_tokens", "vocab_size",
                 "min_frequency", "lstm_hidden", "lstm_layers", "num_threads", "max_length")
 # Rates and durations that must be finite and above 0.
-POSITIVE = ("lr", "epochs", "max_minutes")
+POSITIVE = ("lr", "epochs", "max_minutes", "adam_epsilon")
 # Values that may be 0 but not negative (nor NaN).
 NON_NEGATIVE = ("weight_decay", "max_grad_norm", "warmup_steps", "num_workers")
 # Shares in [0, 1]: whether 0 and whether 1 are allowed.

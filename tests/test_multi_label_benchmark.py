@@ -43,3 +43,36 @@ def test_ceiling_counts_tokens_and_layer_work(tmp_path, save_tiny_checkpoint):
     padding = sum(result["peer_padded_tokens"].values()) / 2 / sum(lengths)
     assert result["peer_padding"] == pytest.approx(padding)
     assert result["equal_kernels_speedup"] == pytest.approx(padding * layers / (layers - 1 + 2 / 12))
+
+
+def test_reference_loop_learns_a_toy_task_and_reports_each_epoch(tmp_path, save_tiny_checkpoint):
+    """benchmarks/multi_label_reference.py (the plain loop issue 64 compares against) on a tiny checkpoint: one
+    JSON with every epoch's dev scores, the loss curve falling, and a cue-word task learnt."""
+    import random
+
+    model = save_tiny_checkpoint(tmp_path / "model", WORDS)
+    rng = random.Random(0)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "emotions.txt").write_text("joy\nanger\nsurprise\nneutral\n")
+    cues = ("love", "hate", "!")  # each label's word; a row without one is "neutral"
+    for name, count in (("train.tsv", 320), ("dev.tsv", 64)):
+        lines = []
+        for i in range(count):
+            labels = [k for k in range(3) if rng.random() < 0.3]
+            words = rng.choices(["i", "this", "so", "much", "ok"], k=3) + [cues[k] for k in labels]
+            labels = labels or [3]
+            rng.shuffle(words)
+            lines.append(f"{' '.join(words)}\t{','.join(map(str, labels))}\tid{i}\n")
+        (data / name).write_text("".join(lines))
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "multi_label_reference.py"), "--model",
+                           str(model), "--data", str(data), "--output", str(tmp_path / "result.json"), "--epochs", "3",
+                           "--batch-size", "16", "--lr", "5e-3", "--threads", "1", "--log-every", "5"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert [e["epoch"] for e in result["evals"]] == [1, 2, 3] and result["steps"] == 3 * (320 // 16)
+    assert result["adam_epsilon"] == 1e-8 and result["metrics"] == result["evals"][-1]
+    assert result["train_loss"][-1][1] < result["train_loss"][0][1]
+    assert result["metrics"]["macro_f1"] > 0.6  # learnt: predicting every label everywhere scores about 0.4

@@ -16,7 +16,8 @@ from ._common import report_finetune
 from .flags import add_settings_flags, settings_from_args
 
 # The FinetuneArguments fields every task takes as flags, in --help's order (after --lr, --lr-grid, --seeds).
-SHARED_FLAGS = ("epochs", "batch_size", "grad_accum", "max_steps", "warmup_ratio", "weight_decay", "max_grad_norm",
+SHARED_FLAGS = ("epochs", "batch_size", "grad_accum", "max_steps", "warmup_ratio", "weight_decay", "adam_epsilon",
+                "max_grad_norm",
                 "precision", "seed", "eval_every", "eval_batch_size", "log_every", "save_every", "resume",
                 "max_minutes", "group_by_length", "unpad", "compile", "num_threads", "device", "progress")
 
@@ -32,12 +33,16 @@ def _lr_list(text: str) -> list[float]:
 
 
 def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float | None = 2e-5,
-                        batch_size: int | None = 32, max_seq_length: int | None = 128, model: bool = True) -> None:
+                        batch_size: int | None = 32, max_seq_length: int | None = 128, model: bool = True,
+                        adam_epsilon: float | None = None) -> None:
     """The flags every `finetune` task shares; a None default means "the task's recipe decides" (per
     version, approach, ...). --epochs defaults to None whatever the recipe, so that `_arguments` can tell a
     given --epochs from the recipe's (the recipe's epochs: `_arguments`' `epochs`). `model=False` leaves
-    out --model (`distill` names its models otherwise: --teacher, --student)."""
+    out --model (`distill` names its models otherwise: --teacher, --student). `adam_epsilon`: the recipe's, where
+    it is not the engine's (None)."""
     recipe = {"lr": lr, "epochs": None, "batch_size": batch_size}
+    if adam_epsilon is not None:
+        recipe["adam_epsilon"] = adam_epsilon
     if model:
         p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, "
                        "vocab.txt) or Hub id (org/name[@revision])")
@@ -65,7 +70,8 @@ def add_command(tasks: argparse._SubParsersAction, command: FinetuneCommand) -> 
     p = tasks.add_parser(command.name, help=command.help)
     command.add_flags(p)
     recipe = command.recipe
-    _add_finetune_flags(p, **{k: recipe[k] for k in ("lr", "batch_size", "max_seq_length") if k in recipe})
+    _add_finetune_flags(p, **{k: recipe[k] for k in ("lr", "batch_size", "max_seq_length", "adam_epsilon")
+                             if k in recipe})
     p.set_defaults(func=run, check=command.check, finetune_command=command, recipe_epochs=recipe.get("epochs"))
     return p
 

@@ -13,7 +13,8 @@ from .flags import add_settings_flags, settings_from_args
 
 # The flags, in --help's order: each is the PretrainingArguments field of that name.
 FLAGS = ("data", "config", "init_from", "output_dir", "vocab", "batch_size", "grad_accum", "lr", "warmup_steps",
-         "max_steps", "epochs", "max_minutes", "budget_schedule", "weight_decay", "max_grad_norm", "precision", "seed",
+         "max_steps", "epochs", "max_minutes", "budget_schedule", "weight_decay", "adam_epsilon",
+         "max_grad_norm", "precision", "seed",
          "save_every", "keep_last", "resume", "log_every", "eval_data", "eval_every", "eval_batch_size",
          "phase2_data", "phase2_steps", "phase2_batch_size", "nsp", "unpad", "objective", "fsdp", "compile", "num_workers",
          "num_threads", "device", "progress")

@@ -195,7 +195,7 @@ class Trainer(TrainingState, Evaluation):
         return wrapped
 
     def _default_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        return build_optimizer(model, self.args.lr, self.args.weight_decay)
+        return build_optimizer(model, self.args.lr, self.args.weight_decay, eps=self.args.adam_epsilon)
 
     def _grad_scaler(self):
         return grad_scaler(self.args.precision, self.device, sharded=self._is_fsdp)

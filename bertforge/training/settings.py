@@ -56,6 +56,10 @@ class TrainingSettings:
     epochs: float | None = setting(None, "passes over the training data (ignored when --max-steps is given)")
     lr: float = setting(1e-4, "peak learning rate")
     weight_decay: float = setting(0.01, "AdamW weight decay (none on LayerNorm weights and biases)")
+    # The paper's 1e-6 (Google's optimization.py). A task whose gradients are of that size or smaller sets
+    # its own in its recipe (multi-label: 1e-8, see tasks/multi_label.py).
+    adam_epsilon: float = setting(1e-6, "AdamW's epsilon, added to the root of its second moment (a task's "
+                                  "recipe may set its own: multi-label 1e-8)")
     warmup_steps: int | None = setting(None, "linear warm-up steps (instead of --warmup-ratio)")
     warmup_ratio: float | None = setting(None, "share of the steps for linear warm-up")
     precision: str = setting("fp32", "autocast precision (fp16 with a gradient scaler)", choices=PRECISION_NAMES)

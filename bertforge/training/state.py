@@ -40,6 +40,7 @@ EXPLODING_FACTOR = 10.0
 # TrainingArguments fields that change a run's result, each named by the flag that sets it: a resumed run
 # must have the checkpoint's (`lr` is applied from the resumed step on instead, see `Trainer.load_state`).
 RESUME_SETTINGS = ("batch_size", "grad_accum", "seed", "warmup_steps", "warmup_ratio", "weight_decay",
+                   "adam_epsilon",
                    "max_grad_norm", "precision", "drop_last")
 
 
