@@ -398,3 +398,52 @@ def _labels(tmp_path: Path) -> Path:
     path = tmp_path / "emotions.txt"
     path.write_text("\n".join(EMOTIONS))
     return path
+
+
+@pytest.mark.parametrize("per_label", [False, True])
+def test_a_run_stopped_after_an_evaluation_resumes_to_the_uninterrupted_weights(tiny_model, tmp_path,
+                                                                                stopped_and_resumed, per_label):
+    """Issue 61 (1): evaluation writes the tuned threshold(s) into the model's config; a run stopped after one
+    resumes (the config's run-defining keys are compared, not what evaluation learned) and ends with the
+    weights, thresholds and best model of a run never stopped."""
+    write_goemotions(tmp_path / "train.tsv", rows(64, 1))  # 4 steps an epoch at batch 16
+    write_goemotions(tmp_path / "dev.tsv", rows(16, 2))
+    labels = _labels(tmp_path)
+
+    def make_task():
+        return multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=labels,
+                                max_seq_length=32, per_label_thresholds=per_label)
+
+    out = tmp_path / "out"
+    args = FinetuneArguments(output_dir=out, lr=1e-3, epochs=3, batch_size=16, progress=False, log_every=1,
+                             save_every=2)
+    # Evaluations at steps 4, 8, 12 (each epoch); stopped in the one at step 8: resumed from step 6's checkpoint.
+    straight, resumed, resumed_from = stopped_and_resumed(make_task, args, stop_at_evaluation=2)
+    assert 0 < resumed_from["multi_label_threshold"] < 1 and ("multi_label_thresholds" in resumed_from) == per_label
+    assert resumed["step"] == straight["step"] == 12
+    assert resumed["model"].keys() == straight["model"].keys()
+    for name, tensor in straight["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    assert resumed["config"] == straight["config"]  # the last evaluation's thresholds too
+    for name in ("config.json", "eval_results.json", "dev_label_metrics.json"):
+        mine, theirs = (json.loads((directory / name).read_text()) for directory in (out, tmp_path / "out_straight"))
+        if name == "eval_results.json":
+            mine.pop("wall_seconds"), theirs.pop("wall_seconds")
+        assert mine == theirs, name
+
+
+def test_resume_still_refuses_a_config_that_defines_another_run(tiny_model, tmp_path):
+    """What defines the run is still compared on resume: the same data under other label names is refused."""
+    write_goemotions(tmp_path / "train.tsv", rows(32, 1))
+    write_goemotions(tmp_path / "dev.tsv", rows(16, 2))
+    args = FinetuneArguments(output_dir=tmp_path / "out", lr=1e-3, epochs=1, batch_size=16, progress=False,
+                             save_every=1)
+    finetune(multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=_labels(tmp_path),
+                              max_seq_length=32), args)
+    renamed = tmp_path / "renamed.txt"
+    renamed.write_text("\n".join(EMOTIONS[:-1] + ["calm"]))
+    task = multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=renamed,
+                            max_seq_length=32)
+    with pytest.raises(ValueError, match=r"model config differs from this run's in id2label .*label2id") as error:
+        finetune(task, FinetuneArguments(**{**vars(args), "resume": True}))
+    assert "threshold" not in str(error.value)
