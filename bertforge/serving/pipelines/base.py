@@ -313,7 +313,7 @@ class Pipeline:
         for feature in features:
             start = feature.example - feature.example % chunk
             of_chunk[feature.example // chunk].append(dataclasses.replace(feature, example=feature.example - start))
-        del features
+        features.clear()  # the call's list (the caller's too): each chunk's features go with the chunk
         parts = []
         for number, mine in enumerate(of_chunk):
             start = number * chunk
