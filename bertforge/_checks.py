@@ -6,9 +6,10 @@ a second with the flag's name rather than hours later deep in a batch.
 config.json. It also judges what the machine must offer: --device (a device it has), --num-threads (at
 most its CPUs) and every path a command writes (--output-dir, --output, --output-file, --cache-dir: a
 file system that can take the name and be written, `check_writable`), so that every command, through the
-CLI's `main`, refuses them in one line before any long work. `check_output(...)` guards every file a command writes where the user names it (`predict
---output`, `vocab --output`, `extract-features --output-file`, `export-onnx --output`, `convert-tf`'s
-directory), before the command loads or computes anything.
+CLI's `main`, refuses them in one line before any long work. `check_output(...)` guards every file a
+command writes where the user names it (`predict --output`, `vocab --output`, `extract-features
+--output-file`, `export-onnx --output`, `convert-tf`'s directory), before the command loads or computes
+anything.
 """
 
 from __future__ import annotations
