@@ -260,8 +260,10 @@ class Timed:
 
     def __init__(self, directory: str, task: str, texts: list[str], dtype: str, args) -> None:
         from bertforge import pipeline
+        from bertforge.serving.limits import RequestLimits
 
-        self.pipe = pipeline(TASKS[task]["pipeline"], model=directory, dtype=dtype)
+        # The server's per-request limits (a library pipeline has none): calls of max_rows texts, as measured before.
+        self.pipe = pipeline(TASKS[task]["pipeline"], model=directory, dtype=dtype, limits=RequestLimits())
         self.options = {"aggregation": "none"} if task == "conll" else {}
         self.texts, self.batch_size = texts, args.batch_size
         self.seconds: list[float] = []

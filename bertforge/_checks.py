@@ -3,9 +3,13 @@ config.json) is checked before a model loads or a data file is read, so that a b
 a second with the flag's name rather than hours later deep in a batch.
 
 `check_flags(args)` raises ValueError (the CLI prints it as one line); it reads nothing but
-config.json. `check_output(...)` guards every file a command writes where the user names it (`predict
---output`, `vocab --output`, `extract-features --output-file`, `export-onnx --output`, `convert-tf`'s
-directory), before the command loads or computes anything.
+config.json. It also judges what the machine must offer: --device (a device it has), --num-threads (at
+most its CPUs) and every path a command writes (--output-dir, --output, --output-file, --cache-dir: a
+file system that can take the name and be written, `check_writable`), so that every command, through the
+CLI's `main`, refuses them in one line before any long work. `check_output(...)` guards every file a
+command writes where the user names it (`predict --output`, `vocab --output`, `extract-features
+--output-file`, `export-onnx --output`, `convert-tf`'s directory), before the command loads or computes
+anything.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import math
 import os
 from pathlib import Path
 
-from ._files import special_kind
+import torch
+
+from ._files import check_writable, special_kind
 
 # Counts that mean nothing at 0 or below (a batch of 0, a window of 0 tokens, ...).
 AT_LEAST_ONE = ("batch_size", "eval_batch_size", "grad_accum", "max_seq_length", "doc_stride", "max_query_length",
@@ -31,6 +37,11 @@ NON_NEGATIVE = ("weight_decay", "max_grad_norm", "warmup_steps", "num_workers")
 # Shares in [0, 1]: whether 0 and whether 1 are allowed.
 FRACTIONS = {"masked_lm_prob": (False, False), "short_seq_prob": (True, True), "warmup_ratio": (True, False),
              "lstm_dropout": (True, False)}
+
+# Paths a command creates or fills (a directory) and files it writes, by argparse destination: each checked by
+# `check_writable` before any work (every command's flags go through `check_flags`).
+OUTPUT_DIRECTORIES = ("output_dir", "cache_dir")
+OUTPUT_FILES = ("output", "output_file")
 
 # The most bytes of a config.json worth reading for its max_position_embeddings.
 MODEL_CONFIG_LIMIT = 16 << 20
@@ -79,12 +90,62 @@ def check_flags(args: argparse.Namespace) -> None:
     threshold = values.get("null_score_diff_threshold")
     if threshold is not None and not math.isfinite(threshold):
         raise ValueError(f"--null-score-diff-threshold must be a finite number, got {threshold}")
+    check_device(values.get("device"))
+    check_threads(values.get("num_threads"))
+    for name in OUTPUT_DIRECTORIES + OUTPUT_FILES:
+        if isinstance(values.get(name), (str, os.PathLike)):
+            check_writable(values[name], flag(name), directory=name in OUTPUT_DIRECTORIES)
     check_positions(args)
     # Classification's windows; `finetune squad` checks its windows with the question's tokens (its `check`).
     if values.get("task_family") != "squad" and values.get("doc_stride") is not None \
             and values.get("max_seq_length") is not None and values["doc_stride"] >= values["max_seq_length"]:
         raise ValueError(f"--doc-stride ({values['doc_stride']}) must be less than --max-seq-length "
                          f"({values['max_seq_length']}) so that windows overlap")
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity set where the platform has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def check_threads(num_threads: int | None, name: str = "--num-threads") -> None:
+    """ValueError unless `num_threads` (torch's intra-op threads) is at most the CPUs this process may run on:
+    more only wait for a core, and far more (100,000) crash OpenMP's thread creation, or the process."""
+    if num_threads is None:
+        return
+    cpus = usable_cpus()
+    if num_threads > cpus:
+        raise ValueError(f"{name} {num_threads} is more than the {cpus} CPU(s) this process may run on; "
+                         f"give at most {cpus}")
+
+
+def check_device(device: str | None, name: str = "--device") -> None:
+    """ValueError unless `device` names a device this machine has: "cpu", or "cuda"/"cuda:N" where torch
+    sees CUDA and GPU N exists (else torch fails deep in set-up, on a CPU-only build with an AttributeError
+    of its internals), or "mps" where the Apple backend is available."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name} {device!r} is not a device: give cpu, cuda or cuda:N") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"{name} {device}: {build} on this machine; use --device cpu")
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"{name} {device}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+        return
+    if parsed.type == "mps" and torch.backends.mps.is_available():
+        return
+    raise ValueError(f"{name} {device}: bertforge runs on cpu or cuda (cuda:N), and {parsed.type} is not "
+                     "available here")
 
 
 def check_positions(args: argparse.Namespace) -> None:

@@ -19,6 +19,7 @@ import stat
 import tempfile
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Iterator
 
 from safetensors.torch import save_file
@@ -105,6 +106,48 @@ class DiskFullError(OSError):
 
 
 _FULL_TEXTS = ("No space left on device", "Disk quota exceeded", "StorageFull")
+
+
+def _shown_name(part: str) -> str:
+    """A path component as an error message shows it: a long one cut to its first 40 characters."""
+    return part if len(part) <= 48 else f"{part[:40]}...({len(os.fsencode(part))} bytes)"
+
+
+def check_writable(path: str | os.PathLike, flag: str, directory: bool) -> None:
+    """Refuse, before any work, a path a command will write that the file system cannot take: a component
+    longer than its NAME_MAX (255 bytes on most) or a path longer than its PATH_MAX (ENAMETOOLONG), a
+    directory to create under a file, an existing non-directory where a directory (`directory`) goes, or a
+    place where nothing can be created (a read-only or pseudo file system such as /sys, no permission).
+
+    Writability is probed, not guessed from permission bits (root passes those even on a read-only mount):
+    a temporary directory is made in the nearest existing directory and removed at once. ValueError naming
+    `flag`; nothing is left behind.
+    """
+    path = Path(path)
+    absolute = Path(os.path.abspath(path))
+    ancestor = absolute if directory else absolute.parent  # a file is written (replaced) in its directory
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    try:
+        name_max = os.pathconf(ancestor if ancestor.is_dir() else ancestor.parent, "PC_NAME_MAX")
+        path_max = os.pathconf(ancestor if ancestor.is_dir() else ancestor.parent, "PC_PATH_MAX")
+    except (OSError, ValueError, TypeError):
+        name_max, path_max = 255, 4096
+    for part in absolute.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ValueError(f"{flag}: the name {_shown_name(part)!r} in it is {len(os.fsencode(part))} bytes long, "
+                             f"over the file system's limit of {name_max} bytes per name")
+    if len(os.fsencode(str(absolute))) >= path_max:
+        raise ValueError(f"{flag}: the path is {len(os.fsencode(str(absolute)))} bytes long, over the file "
+                         f"system's limit of {path_max - 1}")
+    if absolute == ancestor and directory and not absolute.is_dir():
+        raise ValueError(f"{flag} {path} exists and is not a directory")
+    if not ancestor.is_dir():
+        raise ValueError(f"{flag} {path}: {ancestor} is not a directory, nothing can be created under it")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".bertforge-write-check-", dir=ancestor))
+    except OSError as error:
+        raise ValueError(f"{flag} {path}: cannot write in {ancestor} ({error.strerror or error})") from None
 
 
 def is_disk_full(error: BaseException | None) -> bool:

@@ -5,6 +5,7 @@ head was not trained for, flag limits, undecodable or empty data, unalignable SQ
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -488,3 +489,86 @@ def test_prepare_pretraining_replaces_earlier_instances_only_with_overwrite(unca
     assert main(flags + ["--seed", "7", "--overwrite"]) == 0
     assert json.loads((out / "index.json").read_text())["seed"] == 7
     assert not (out / ".bertforge-lock").exists()
+
+
+# ---------------------------------------------------------------------------- issue 61 (5): the machine's limits
+
+def _command(name: str, model: Path, out: Path) -> list[str]:
+    """`name`'s command line with its required flags (data that need not exist: the flags are judged first)."""
+    return {
+        "finetune": ["finetune", "classify", "--train-file", str(out.parent / "t.csv"), "--dev-file",
+                     str(out.parent / "d.csv"), "--model", str(model), "--output-dir", str(out)],
+        "pretrain": ["pretrain", "--data", str(out.parent / "shards"), "--init-from", str(model),
+                     "--output-dir", str(out)],
+        "reproduce": ["reproduce", "table5", "--output-dir", str(out)],
+        "serve": ["serve", "--model", str(model)],
+    }[name]
+
+
+def _writable(directory: str) -> bool:
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=directory))
+    except OSError:
+        return False
+    return True
+
+
+LONG_NAME = "x" * 300  # over NAME_MAX (255 bytes) on every common file system
+
+
+@pytest.mark.parametrize("command", ["finetune", "pretrain", "reproduce", "serve"])
+def test_device_and_threads_the_machine_lacks_are_one_line_naming_the_flag(command, config_only, tmp_path, capsys):
+    """Issue 61 (5): `--device cuda` without CUDA (was: AttributeError from torch._C) and `--num-threads
+    100000` (was: a segfault or "can't start new thread", with a RUNNING marker left) are refused in one
+    line, before anything is written."""
+    out = tmp_path / "out"
+    base = _command(command, config_only, out)
+    assert main(base + ["--num-threads", "100000"]) == 2
+    error = _error(capsys)
+    assert f"bertforge {command}: error: --num-threads 100000 is more than the " in error
+    assert "CPU(s) this process may run on" in error
+    assert main(base + ["--device", "gpu"]) == 2
+    assert "error: --device 'gpu' is not a device: give cpu, cuda or cuda:N" in _error(capsys)
+    if not torch.cuda.is_available():
+        assert main(base + ["--device", "cuda"]) == 2
+        assert f"bertforge {command}: error: --device cuda: " in (error := _error(capsys)) and "--device cpu" in error
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["finetune", "pretrain", "reproduce", "predict", "extract-features"])
+def test_an_output_path_the_file_system_refuses_is_one_line_naming_the_flag(command, config_only, tmp_path, capsys):
+    """Issue 61 (5): a 300-byte name in --output-dir, --output or --output-file (was: OSError File name too
+    long, after the model loaded) and an output under /sys (was: PermissionError) are refused in one line."""
+    data = tmp_path / "in.txt"
+    data.write_text("good film\n")
+    if command in ("predict", "extract-features"):
+        name = "--output" if command == "predict" else "--output-file"
+        source = "--input" if command == "predict" else "--input-file"
+
+        def line(out: Path) -> list[str]:
+            return [command, "--model", str(config_only), source, str(data), name, str(out)]
+    else:
+        name = "--output-dir"
+
+        def line(out: Path) -> list[str]:
+            return _command(command, config_only, out)
+    assert main(line(tmp_path / LONG_NAME / "sub")) == 2
+    error = _error(capsys)
+    assert f"bertforge {command}: error: {name}: the name 'xxxxxxxx" in error
+    assert "(300 bytes)' in it is 300 bytes long, over the file system's limit of 255 bytes per name" in error
+    assert not (tmp_path / "sub").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["config_only", "in.txt"]
+    read_only = tmp_path / "read_only"  # a place nothing can be created in, as /sys
+    if Path("/sys").is_dir() and not _writable("/sys"):
+        read_only = Path("/sys")
+    else:
+        read_only.mkdir(mode=0o500)
+        if _writable(str(read_only)):  # root ignores the mode bits
+            pytest.skip("no read-only place to write to on this machine")
+    assert main(line(read_only / "foo")) == 2
+    error = _error(capsys)
+    assert f"bertforge {command}: error: {name} {read_only / 'foo'}: cannot write in {read_only} (" in error
+    (tmp_path / "file").write_text("")
+    assert main(line(tmp_path / "file" / "foo")) == 2
+    assert f"error: {name} {tmp_path / 'file' / 'foo'}: {tmp_path / 'file'} is not a directory" in _error(capsys)

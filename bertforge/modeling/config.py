@@ -34,6 +34,59 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 
+# The config.json values that an evaluation on dev learns and writes into a fine-tuned model's config, each a
+# path of keys: multi-label's decision thresholds (global and per label) and SQuAD 2.0's no-answer threshold
+# (inside `squad`, beside the settings that do define the run). They belong to the model (predict, the
+# pipelines and the server read them) but not to what defines a training run (architecture, vocabulary, task,
+# labels): a run interrupted after an evaluation must resume although its checkpoint holds them and the
+# resumed run's fresh model does not. This is the one place they are declared; `run_defining` leaves them
+# out of a comparison and `restore_learned` carries them over.
+LEARNED_BY_EVALUATION: tuple[tuple[str, ...], ...] = (
+    ("multi_label_threshold",), ("multi_label_thresholds",), ("squad", "null_score_diff_threshold"))
+
+
+def run_defining(values: dict[str, Any]) -> dict[str, Any]:
+    """A config's values (`BertConfig.to_dict()`, or a checkpoint's copy of it) without those an evaluation
+    learns (`LEARNED_BY_EVALUATION`): what two runs must share to be the same run. `values` is not changed."""
+    values = dict(values)
+    for path in LEARNED_BY_EVALUATION:
+        parent = values
+        for key in path[:-1]:
+            child = parent.get(key)
+            if not isinstance(child, dict):
+                break
+            parent[key] = child = dict(child)  # copied on the way down: the caller's dicts stay as they were
+            parent = child
+        else:
+            parent.pop(path[-1], None)
+    return values
+
+
+def learned_values(values: dict[str, Any]) -> dict[tuple[str, ...], Any]:
+    """The values at `LEARNED_BY_EVALUATION`'s paths that `values` (a config as a dict) holds, by path."""
+    found = {}
+    for path in LEARNED_BY_EVALUATION:
+        node: Any = values
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                break
+            node = node[key]
+        else:
+            found[path] = node
+    return found
+
+
+def restore_learned(config: "BertConfig", values: dict[str, Any]) -> None:
+    """Set in `config.extra` what an evaluation had learned in `values` (a checkpoint's config as a dict), e.g.
+    on resume: the model continues with the thresholds it had when the checkpoint was saved."""
+    for path, value in learned_values(values).items():
+        node = config.extra
+        for key in path[:-1]:
+            child = node.get(key)
+            node[key] = child = dict(child) if isinstance(child, dict) else {}
+            node = child
+        node[path[-1]] = value
+
 
 # The fields that count something (tokens, units, layers, labels): whole numbers of at least 1. The
 # upper bound only keeps a typo from reaching torch as a size it cannot allocate or even represent.

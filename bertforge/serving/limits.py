@@ -1,8 +1,10 @@
 """What one pipeline call (one server request) may cost: the options that multiply work, bounded.
 
-The server and the pipelines' public API share these limits, so that `bertforge.pipeline(...)(...)`
-refuses what `POST /v1/<pipeline>` refuses, with the same message (a `PipelineInputError`, which
-the server answers with 422). Every check runs before the forward pass:
+They are the server's: `bertforge serve` gives the pipelines it serves its per-request limits
+(`Pipeline.with_limits`), so that `POST /v1/<pipeline>` refuses a costly request with a
+`PipelineInputError`'s message (answered with 422). A library pipeline has none by default (a batch
+job's call runs whatever its size, in batches); a caller who wants the server's refusals passes
+`limits=RequestLimits(...)`, and gets the same messages. Every check runs before the forward pass:
 
 - fill-mask `top_k`: at most `max_top_k` and the vocabulary size; the predictions of a call, the
   [MASK]s of its texts times `top_k`, at most `max_predictions` (this bounds the response size).
@@ -10,8 +12,7 @@ the server answers with 422). Every check runs before the forward pass:
   (`max_length`), so that a text yields a bounded number of windows.
 - model rows of a call where inputs multiply into rows (texts x windows for tag and answer,
   contexts x endings for multiple choice): at most `max_rows`, counted before any row is built.
-  (Elsewhere a text is one row: the server bounds them with `max_texts`.) A long offline job through
-  the API passes `limits=RequestLimits(max_rows=...)` to its pipeline, or calls it in parts.
+  (Elsewhere a text is one row: the server bounds them with `max_texts`.)
 """
 
 from __future__ import annotations

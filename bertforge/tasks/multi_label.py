@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -40,9 +41,11 @@ from .multi_label_reader import MultiLabelExample, read_label_names, read_multi_
 
 __all__ = ["DEFAULT_THRESHOLD", "MULTI_LABEL", "RECIPE", "TASK_NAME", "THRESHOLD_GRID", "add_multi_label_flags",
            "add_predict_flags", "after_finetune",
-           "collate", "is_multi_label", "label_thresholds", "multi_label_from_args", "multi_label_metrics",
-           "multi_label_task", "predict_multi_label_file", "predict_run", "sigmoid", "tune_thresholds",
-           "write_dev_predictions"]
+           "collate", "is_multi_label", "label_thresholds", "labels_without_examples", "multi_label_from_args",
+           "multi_label_metrics", "multi_label_task", "predict_multi_label_file", "predict_run", "sigmoid",
+           "tune_thresholds", "write_dev_predictions"]
+
+logger = logging.getLogger("bertforge")
 
 TASK_NAME = "multi-label"  # the `finetuning_task` of a fine-tuned multi-label model (and its CLI command)
 # `bertforge finetune multi-label`. AdamW's ε is torch's 1e-8, not the paper's 1e-6: the mean binary
@@ -104,16 +107,27 @@ def tune_thresholds(probabilities: np.ndarray, gold: np.ndarray, per_label: bool
     """The decision threshold(s) maximising macro-F1 on (N, K) probabilities against (N, K) bool gold labels,
     over `THRESHOLD_GRID` (0.01 to 0.99; of equally good thresholds, the one nearest to 0.5). Returns (K,)
     thresholds: the same one for every label, or with `per_label` each label's own (the one maximising its
-    F1; macro-F1, their mean, is then maximal too). A label is predicted when its probability >= its threshold."""
+    F1; macro-F1, their mean, is then maximal too). A label is predicted when its probability >= its threshold.
+
+    A label without a positive example in `gold` has F1 0 at every threshold: nothing can be tuned for it, and
+    the grid's first candidate (0.5) would pass for a tuned value. With `per_label` such a label gets the
+    global tuned threshold instead (`labels_without_examples` names them for the caller to say so)."""
     probabilities, gold = np.asarray(probabilities, dtype=np.float64), np.asarray(gold, dtype=bool)
     num_labels = probabilities.shape[1]
     f1 = np.empty((len(THRESHOLD_GRID), num_labels))
     for row, threshold in enumerate(THRESHOLD_GRID):
         tp, fp, fn = _counts(probabilities >= threshold, gold)
         f1[row] = _ratio(2 * tp, 2 * tp + fp + fn)
+    overall = THRESHOLD_GRID[f1.mean(1).argmax()]
     if per_label:
-        return THRESHOLD_GRID[f1.argmax(0)]
-    return np.full(num_labels, THRESHOLD_GRID[f1.mean(1).argmax()])
+        return np.where(gold.any(0), THRESHOLD_GRID[f1.argmax(0)], overall)
+    return np.full(num_labels, overall)
+
+
+def labels_without_examples(gold: np.ndarray) -> np.ndarray:
+    """(K,) bool: the labels with no positive example in (N, K) `gold`, whose per-label threshold cannot be
+    tuned (`tune_thresholds` gives them the global one)."""
+    return ~np.asarray(gold, dtype=bool).any(0)
 
 
 def label_thresholds(config: BertConfig, threshold: float | None = None) -> np.ndarray:
@@ -167,8 +181,10 @@ def multi_label_step(model, batch: dict[str, torch.Tensor]):
 def write_dev_predictions(output_dir: Path, dev: Sequence[MultiLabelExample], label_list: Sequence[str],
                           result: dict[str, Any]) -> None:
     """dev_predictions.jsonl (per dev row: gold and predicted label names, every label's probability) and
-    dev_label_metrics.json (per label: precision, recall, F1, support, threshold) from an evaluation's
-    `result` ({"predicted", "probabilities", "per_label", "thresholds"})."""
+    dev_label_metrics.json (per label: precision, recall, F1, support, threshold, and `threshold_from`: "label"
+    (tuned on its own dev examples), "global" (one threshold for all labels) or "global: no dev example" (a
+    label the dev set never has, under per-label tuning)) from an evaluation's `result` ({"predicted",
+    "probabilities", "per_label", "thresholds", and optionally "threshold_from"})."""
     lines = []
     for example, row, probs in zip(dev, result["predicted"], result["probabilities"]):
         lines.append(json.dumps({"guid": example.guid, "text_a": example.text_a, "text_b": example.text_b,
@@ -180,6 +196,8 @@ def write_dev_predictions(output_dir: Path, dev: Sequence[MultiLabelExample], la
     table = {name: {"precision": float(per_label["precision"][i]), "recall": float(per_label["recall"][i]),
                     "f1": float(per_label["f1"][i]), "support": int(per_label["support"][i]),
                     "threshold": float(result["thresholds"][i])} for i, name in enumerate(label_list)}
+    for name, source in zip(label_list, result.get("threshold_from") or ()):
+        table[name]["threshold_from"] = source
     write_text_atomic(output_dir / "dev_label_metrics.json", json.dumps(table, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -201,6 +219,16 @@ def multi_label_task(model_dir: str | os.PathLike, train_file: str | os.PathLike
     train_features = convert_examples(train, tokenizer, max_seq_length)
     dev_features = convert_examples(dev, tokenizer, max_seq_length)
     gold = multi_hot([e.labels for e in dev], num_labels)
+    absent = labels_without_examples(gold)
+    if per_label_thresholds:
+        threshold_from = ["global: no dev example" if missing else "label" for missing in absent]
+        if absent.any():
+            logger.warning("%s has no example of %d of the %d labels (%s): their thresholds cannot be tuned per label; "
+                           "they get the global threshold tuned on dev (dev_label_metrics.json: threshold_from)",
+                           dev_file, int(absent.sum()), num_labels,
+                           ", ".join(name for name, missing in zip(label_list, absent) if missing))
+    else:
+        threshold_from = ["global"] * num_labels
 
     def build_model():
         return BertForSequenceClassification.from_pretrained(
@@ -221,7 +249,7 @@ def multi_label_task(model_dir: str | os.PathLike, train_file: str | os.PathLike
         else:
             scores["threshold"] = float(thresholds[0])
         return scores, {"predicted": predicted, "probabilities": probabilities, "per_label": per_label,
-                        "thresholds": thresholds}
+                        "thresholds": thresholds, "threshold_from": threshold_from}
 
     def write_predictions(output_dir: Path, result) -> None:
         write_dev_predictions(output_dir, dev, label_list, result)
@@ -279,7 +307,8 @@ def add_multi_label_flags(p: argparse.ArgumentParser) -> None:
                    "emotions.txt); default: the names found in --train-file")
     p.add_argument("--test-file", help="predicted with the best model into OUT/test_predictions.tsv")
     p.add_argument("--per-label-thresholds", action="store_true",
-                   help="tune one decision threshold per label on dev (default: one for all labels)")
+                   help="tune one decision threshold per label on dev (default: one for all labels); a label "
+                   "with no dev example gets the global tuned threshold (logged; dev_label_metrics.json)")
 
 
 def add_predict_flags(p: argparse.ArgumentParser) -> None:

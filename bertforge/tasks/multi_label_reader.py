@@ -11,9 +11,12 @@ Three layouts, by extension and first line:
   quoting.
 * JSON lines: `{"text": ..., "labels": ["joy", "love"]}` (a list, or a string `"joy;love"`).
 
-Bad input is one `ValueError` naming the file and line: an unknown label name, a label id out of range,
-a row with no text, and a training file in which every row has exactly one label (single-label data:
-`bertforge finetune classify` trains that).
+Bad input is one `ValueError` naming the file and line: an unknown label name, a label id out of range
+or not in ASCII digits (`1_0`, `٣`: Python's `int` would read them as 10 and 3), a JSON label that is a
+float or a file mixing string and integer labels (`[1, "1"]` would become one name), a row with no text,
+a training file in which no row has a label (nothing to learn) and one in which every row has exactly one
+label (single-label data: `bertforge finetune classify` trains that). A GoEmotions row whose text is the
+word `text` is a row, not a header: a header's second field names a column, never label ids.
 """
 
 from __future__ import annotations
@@ -75,10 +78,25 @@ def _check_name(name: str, where: str) -> None:
                          "label names comma-separated)")
 
 
+def _is_label_ids(field: str) -> bool:
+    """Whether a field is GoEmotions' label ids: comma-separated ASCII digits (or empty: no label)."""
+    return all(not piece.strip() or _is_ascii_number(piece.strip()) for piece in field.split(","))
+
+
+def _is_ascii_number(raw: str) -> bool:
+    """Whether `raw` is a whole number in ASCII digits 0-9 alone: `int()` would also take "1_0" (as 10), " 3",
+    "+3" and other scripts' digits ("٣" as 3), none of which is a label id a file should hold."""
+    return raw.isascii() and raw.isdigit()
+
+
 def _headerless_tsv(path: Path) -> bool:
-    """A .tsv whose first line does not name a `text` column: GoEmotions' layout."""
+    """A .tsv in GoEmotions' layout (no header): its first line names no `text` column, or it is a row whose
+    text is the word "text" (`text<TAB>27<TAB>id`: a header's second field is a column name, never label ids)."""
     first = read_text(path).split("\n", 1)[0].rstrip("\r")
-    return "text" not in [field.strip() for field in first.split("\t")]
+    fields = [field.strip() for field in first.split("\t")]
+    if "text" not in fields:
+        return True
+    return fields[0] == "text" and len(fields) > 1 and _is_label_ids(fields[1])
 
 
 def _text(raw: Any, key: str, where: str) -> str:
@@ -114,11 +132,10 @@ def _rows_by_id(path: Path, label_list: Sequence[str] | None, require_labels: bo
                              "FILE naming them, one per line in id order")
         names = []
         for raw in filter(None, (piece.strip() for piece in fields[1].split(","))):
-            try:
-                index = int(raw)
-            except ValueError:
-                raise ValueError(f"{where}: label id {raw!r} is not an integer (the second field holds "
-                                 "comma-separated label ids)") from None
+            if not _is_ascii_number(raw):
+                raise ValueError(f"{where}: label id {raw!r} is not an integer in ASCII digits 0-9 (the second field "
+                                 "holds comma-separated label ids)")
+            index = int(raw)
             if not 0 <= index < len(label_list):
                 raise ValueError(f"{where}: label id {index} is out of range: the label list has "
                                  f"{len(label_list)} labels (ids 0-{len(label_list) - 1})")
@@ -126,8 +143,29 @@ def _rows_by_id(path: Path, label_list: Sequence[str] | None, require_labels: bo
         yield number, text, None, names
 
 
-def _label_names(raw: Any, where: str) -> list[str] | None:
-    """The names of a CSV cell / JSON value: a list, or names separated by ';'; None when absent."""
+class _LabelKinds:
+    """Whether a JSON lines file names its labels by strings or by integers, from the first label seen: a
+    file that mixes them (`[1, "1"]`, or `[1]` on one line and `["1"]` on another) is refused, as the two
+    would silently become the same name "1"."""
+
+    def __init__(self) -> None:
+        self.kind: type | None = None
+        self.where = ""
+
+    def check(self, piece: Any, where: str) -> None:
+        kind = str if isinstance(piece, str) else int
+        if self.kind is None:
+            self.kind, self.where = kind, where
+        elif kind is not self.kind:
+            seen = "names (strings)" if self.kind is str else "integers"
+            raise ValueError(f"{where}: label {json.dumps(piece)} is {'a string' if kind is str else 'an integer'}, "
+                             f"but the file's labels are {seen} (from {self.where}): give every label the same way")
+
+
+def _label_names(raw: Any, where: str, kinds: _LabelKinds | None = None) -> list[str] | None:
+    """The names of a CSV cell / JSON value: a list, or names separated by ';'; None when absent. A JSON
+    label is a string or an integer (`kinds` keeps a file to one of the two); a float (`2.0`, `2.5`) is
+    refused: it is neither a name nor an id."""
     if raw is None:
         return None
     if isinstance(raw, str):
@@ -144,11 +182,12 @@ def _label_names(raw: Any, where: str) -> list[str] | None:
         if isinstance(piece, bool) or not isinstance(piece, (str, int, float)):
             raise ValueError(f"{where}: a label must be a name (a string), got {json.dumps(piece)}")
         if isinstance(piece, float):
-            if not piece.is_integer():
-                raise ValueError(f"{where}: label {piece!r} is a fractional number, not a name")
-            piece = int(piece)
+            raise ValueError(f"{where}: label {json.dumps(piece)} is a floating-point number: a label is a name "
+                             "(a string) or an integer")
         name = str(piece).strip()
         if name:
+            if kinds is not None:
+                kinds.check(piece, where)
             _check_name(name, where)
             names.append(name)
     return names
@@ -156,6 +195,7 @@ def _label_names(raw: Any, where: str) -> list[str] | None:
 
 def _rows_by_name(path: Path, kind: str, require_labels: bool) -> Iterator[tuple]:
     """(line, text, text pair, label names or None) per row of a CSV/TSV with a header, or of JSON lines."""
+    kinds = _LabelKinds() if kind == "jsonl" else None  # a CSV cell is always a string
     if kind == "jsonl":
         records = jsonl_records(path, "text, labels")
     else:
@@ -179,7 +219,7 @@ def _rows_by_name(path: Path, kind: str, require_labels: bool) -> Iterator[tuple
             what = "no 'labels' column in the header" if kind != "jsonl" else "no 'labels' key"
             raise ValueError(f"{where}: {what} (the names of the row's labels, a list or separated by "
                              f"'{LABEL_SEPARATOR}')")
-        yield number, text, pair, _label_names(raw, where)
+        yield number, text, pair, _label_names(raw, where, kinds)
 
 
 def read_multi_label_file(path: str | os.PathLike, *, label_list: Sequence[str] | None = None,
@@ -224,6 +264,9 @@ def read_multi_label_file(path: str | os.PathLike, *, label_list: Sequence[str] 
             ids = tuple(sorted({index[name] for name in names}))
         examples.append(MultiLabelExample(f"{path.stem}-{len(examples)}", text, pair, ids, number))
     labelled = [e for e in examples if e.labels is not None]
+    if training and labelled and not any(e.labels for e in labelled):
+        raise ValueError(f"{path}: no row has a label (lines {labelled[0].line}-{labelled[-1].line}): there is "
+                         "nothing to learn; check the labels column (or field)")
     if training and labelled and all(len(e.labels) == 1 for e in labelled):
         raise ValueError(f"{path}:{labelled[0].line}-{labelled[-1].line}: every row has exactly one label: this is "
                          "single-label data; use `bertforge finetune classify`")

@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
+from ..modeling.config import BertConfig, restore_learned, run_defining
 from . import checkpoint as ckpt
 from .order import DataPosition
 from .window import MetricWindow
@@ -177,11 +178,15 @@ class TrainingState:
         config = getattr(self.module, "config", None)
         saved = state.get("config")
         if saved is not None and hasattr(config, "to_dict"):
-            current = config.to_dict()
-            differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+            # What defines the run (architecture, vocabulary, task, labels), not what its evaluations learned
+            # (thresholds: `LEARNED_BY_EVALUATION`), which the checkpoint's model carries on with.
+            theirs, current = run_defining(saved), run_defining(config.to_dict())
+            differ = sorted(k for k in set(theirs) | set(current) if theirs.get(k) != current.get(k))
             if differ:
                 raise ValueError("the checkpoint's model config differs from this run's in " + ", ".join(
-                    f"{k} ({saved.get(k)!r} there, {current.get(k)!r} here)" for k in differ))
+                    f"{k} ({theirs.get(k)!r} there, {current.get(k)!r} here)" for k in differ))
+            if isinstance(config, BertConfig):
+                restore_learned(config, saved)
         if self._is_fsdp:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))

@@ -398,3 +398,146 @@ def _labels(tmp_path: Path) -> Path:
     path = tmp_path / "emotions.txt"
     path.write_text("\n".join(EMOTIONS))
     return path
+
+
+@pytest.mark.parametrize("per_label", [False, True])
+def test_a_run_stopped_after_an_evaluation_resumes_to_the_uninterrupted_weights(tiny_model, tmp_path,
+                                                                                stopped_and_resumed, per_label):
+    """Issue 61 (1): evaluation writes the tuned threshold(s) into the model's config; a run stopped after one
+    resumes (the config's run-defining keys are compared, not what evaluation learned) and ends with the
+    weights, thresholds and best model of a run never stopped."""
+    write_goemotions(tmp_path / "train.tsv", rows(64, 1))  # 4 steps an epoch at batch 16
+    write_goemotions(tmp_path / "dev.tsv", rows(16, 2))
+    labels = _labels(tmp_path)
+
+    def make_task():
+        return multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=labels,
+                                max_seq_length=32, per_label_thresholds=per_label)
+
+    out = tmp_path / "out"
+    args = FinetuneArguments(output_dir=out, lr=1e-3, epochs=3, batch_size=16, progress=False, log_every=1,
+                             save_every=2)
+    # Evaluations at steps 4, 8, 12 (each epoch); stopped in the one at step 8: resumed from step 6's checkpoint.
+    straight, resumed, resumed_from = stopped_and_resumed(make_task, args, stop_at_evaluation=2)
+    assert 0 < resumed_from["multi_label_threshold"] < 1 and ("multi_label_thresholds" in resumed_from) == per_label
+    assert resumed["step"] == straight["step"] == 12
+    assert resumed["model"].keys() == straight["model"].keys()
+    for name, tensor in straight["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    assert resumed["config"] == straight["config"]  # the last evaluation's thresholds too
+    for name in ("config.json", "eval_results.json", "dev_label_metrics.json"):
+        mine, theirs = (json.loads((directory / name).read_text()) for directory in (out, tmp_path / "out_straight"))
+        if name == "eval_results.json":
+            mine.pop("wall_seconds"), theirs.pop("wall_seconds")
+        assert mine == theirs, name
+
+
+def test_resume_still_refuses_a_config_that_defines_another_run(tiny_model, tmp_path):
+    """What defines the run is still compared on resume: the same data under other label names is refused."""
+    write_goemotions(tmp_path / "train.tsv", rows(32, 1))
+    write_goemotions(tmp_path / "dev.tsv", rows(16, 2))
+    args = FinetuneArguments(output_dir=tmp_path / "out", lr=1e-3, epochs=1, batch_size=16, progress=False,
+                             save_every=1)
+    finetune(multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=_labels(tmp_path),
+                              max_seq_length=32), args)
+    renamed = tmp_path / "renamed.txt"
+    renamed.write_text("\n".join(EMOTIONS[:-1] + ["calm"]))
+    task = multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=renamed,
+                            max_seq_length=32)
+    with pytest.raises(ValueError, match=r"model config differs from this run's in id2label .*label2id") as error:
+        finetune(task, FinetuneArguments(**{**vars(args), "resume": True}))
+    assert "threshold" not in str(error.value)
+
+
+# ---------------------------------------------------------------------------- issue 61 (9, 10): questionable data
+
+QUESTIONABLE = {
+    # GoEmotions ids that Python's int() reads (as 10, 3, 1): ASCII digits only.
+    "underscore id": ("train.tsv", "fine\t0\tx\nworse\t1_0\ty\n",
+                      r"train\.tsv:2: label id '1_0' is not an integer in ASCII digits 0-9"),
+    "arabic-indic id": ("train.tsv", "fine\t0,1\tx\nworse\t\u0663\ty\n",
+                        r"train\.tsv:2: label id '\u0663' is not an integer in ASCII digits 0-9"),
+    "signed id": ("train.tsv", "fine\t0,1\tx\nworse\t+1\ty\n", r"train\.tsv:2: label id '\+1' is not an integer"),
+    # JSON labels that would silently become the names "1" and "2".
+    "float label": ("train.jsonl", '{"text": "a", "labels": [1, 2.0, "2"]}\n',  # the issue's row
+                    r"train\.jsonl:1: label 2\.0 is a floating-point number: a label is a name \(a string\) or an "
+                    "integer"),
+    "mixed in a row": ("train.jsonl", '{"text": "a", "labels": [1, "2"]}\n',
+                       r"train\.jsonl:1: label \"2\" is a string, but the file's labels are integers \(from "
+                       r".*train\.jsonl:1\): give every label the same way"),
+    "mixed across rows": ("train.jsonl", '{"text": "a", "labels": ["1", "2"]}\n{"text": "b", "labels": [2]}\n',
+                          r"train\.jsonl:2: label 2 is an integer, but the file's labels are names \(strings\)"),
+    # Nothing to learn: no row has a label.
+    "no label at all (tsv)": ("train.tsv", "fine\t\tx\nworse\t\ty\n",
+                              r"train\.tsv: no row has a label \(lines 1-2\): there is nothing to learn"),
+    "no label at all (csv)": ("train.csv", "text,labels\nfine,\nworse,\n",
+                              r"train\.csv: no row has a label \(lines 2-3\): there is nothing to learn"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(QUESTIONABLE))
+def test_questionable_training_data_is_one_line_naming_file_and_line(tiny_model, tmp_path, capsys, case):
+    """Issue 61 (9): data that used to train silently (ids read by int()'s leniency, float or mixed JSON labels,
+    a file without a single label) is refused before any work, in one line naming the file (and line)."""
+    name, text, message = QUESTIONABLE[case]
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    dev = write_goemotions(tmp_path / "dev.tsv", rows(8, 2))
+    labels = tmp_path / "emotions.txt"
+    labels.write_text("\n".join(EMOTIONS) + "\n")
+    command = ["finetune", "multi-label", "--train-file", str(tmp_path / name), "--dev-file", str(dev),
+               "--labels", str(labels), "--model", str(tiny_model), "--output-dir", str(tmp_path / "out"),
+               "--max-seq-length", "32"]
+    assert main(command) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("bertforge finetune: error: ") and "\n" not in error
+    assert re.search(message, error), error
+    assert not (tmp_path / "out").exists()
+
+
+def test_integer_json_labels_of_one_kind_still_read(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"text": "a", "labels": [1, 2]}\n{"text": "b", "labels": 3}\n{"text": "c", "labels": []}\n')
+    examples, label_list = read_multi_label_file(path, training=True)
+    assert label_list == ["1", "2", "3"] and [e.labels for e in examples] == [(0, 1), (2,), ()]
+
+
+def test_a_goemotions_row_whose_text_is_text_is_a_row_not_a_header(tmp_path):
+    """Issue 61 (10): GoEmotions' TSV has no header; a first row `text<TAB>27<TAB>id` was taken for one (and
+    an error then pointed at line 2). A header's second field names a column; this one holds label ids."""
+    path = tmp_path / "train.tsv"
+    path.write_text("text\t3\teeibobj\nso happy\t0,1\tx2\n")
+    examples, _ = read_multi_label_file(path, label_list=EMOTIONS, training=True)
+    assert [(e.text_a, e.labels, e.line) for e in examples] == [("text", (3,), 1), ("so happy", (0, 1), 2)]
+    path.write_text("text\t\teeibobj\nworse\t1,x\ty\n")  # a row without labels, then a bad id: line 2 named
+    with pytest.raises(ValueError, match=r"train\.tsv:2: label id 'x' is not an integer"):
+        read_multi_label_file(path, label_list=EMOTIONS)
+    # A real header still reads as one.
+    path.write_text("text\tlabels\nso happy\tjoy;anger\n")
+    examples, _ = read_multi_label_file(path, label_list=EMOTIONS)
+    assert [(e.text_a, e.labels, e.line) for e in examples] == [("so happy", (0, 1), 2)]
+
+
+def test_per_label_thresholds_of_labels_missing_from_dev_are_the_global_one_and_said(tiny_model, tmp_path, caplog):
+    """Issue 61 (9): with --per-label-thresholds, a label no dev row has cannot be tuned: it gets the global
+    threshold tuned on dev (not the grid's first candidate, 0.5, passed off as tuned), the log names those
+    labels, and dev_label_metrics.json says where each threshold came from."""
+    write_goemotions(tmp_path / "train.tsv", rows(32, 1))
+    dev = [(text, names) for text, names in rows(40, 2) if "fear" not in names and "neutral" not in names]
+    write_goemotions(tmp_path / "dev.tsv", dev)
+    task = multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=_labels(tmp_path),
+                            max_seq_length=32, per_label_thresholds=True)
+    assert "has no example of 2 of the 4 labels (fear, neutral): their thresholds cannot be tuned per label; " \
+           "they get the global threshold tuned on dev" in caplog.text
+    out = tmp_path / "out"
+    finetune(task, FinetuneArguments(output_dir=out, lr=1e-3, epochs=1, batch_size=16, progress=False))
+    config = json.loads((out / "config.json").read_text())
+    overall, thresholds = config["multi_label_threshold"], config["multi_label_thresholds"]
+    table = json.loads((out / "dev_label_metrics.json").read_text())
+    assert {name: row["threshold_from"] for name, row in table.items()} == {
+        "joy": "label", "anger": "label", "fear": "global: no dev example", "neutral": "global: no dev example"}
+    assert thresholds["fear"] == thresholds["neutral"] == overall == table["fear"]["threshold"]
+    # The function itself: a label without a positive example takes the global threshold.
+    probabilities = np.array([[0.9, 0.30, 0.2], [0.8, 0.35, 0.9], [0.6, 0.10, 0.1], [0.2, 0.05, 0.3]])
+    gold = np.array([[1, 1, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]], dtype=bool)
+    per_label = tune_thresholds(probabilities, gold, per_label=True)
+    assert per_label.tolist() == [0.61, 0.3, float(tune_thresholds(probabilities, gold)[0])]

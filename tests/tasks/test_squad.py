@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bertforge.cli import main
 from bertforge.metrics.squad import evaluate_v1, evaluate_v2
@@ -644,3 +645,25 @@ def test_side_by_side_runs_each_side_once_and_resumes(shared_data, minilm_dir, t
     assert json.loads(again.stdout)["sides"] == summary["sides"]
     wrong = subprocess.run([*command, "--sides", "ours"], capture_output=True, text=True, cwd=tmp_path)
     assert wrong.returncode == 2 and "--sides: unknown ['ours']" in wrong.stderr
+
+
+def test_a_v2_run_stopped_after_an_evaluation_resumes_to_the_uninterrupted_weights(tmp_path, tiny_dir,
+                                                                                   stopped_and_resumed):
+    """Issue 61 (1): SQuAD 2.0's tuned no-answer threshold is written into the model's config at each
+    evaluation; a run stopped after one resumes and ends as a run never stopped (weights and threshold)."""
+    train = write(tmp_path / "train.json", squad_json(TRAIN))
+    settings = SquadSettings(max_seq_length=32, doc_stride=8, max_query_length=12)
+
+    def make_task():
+        return squad_task(tiny_dir, train, train, version="2.0", settings=settings, tune_threshold=True,
+                          eval_batch_size=8)
+
+    steps = -(-len(make_task().train_features) // 8)  # an epoch's
+    args = FinetuneArguments(output_dir=tmp_path / "out", lr=2e-3, epochs=3, batch_size=8, seed=0, progress=False,
+                             log_every=1000, save_every=steps + 1)
+    straight, resumed, resumed_from = stopped_and_resumed(make_task, args, stop_at_evaluation=3)
+    assert "null_score_diff_threshold" in resumed_from["squad"]  # saved after the first evaluation
+    assert resumed["step"] == straight["step"] == 3 * steps
+    for name, tensor in straight["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    assert resumed["config"] == straight["config"]

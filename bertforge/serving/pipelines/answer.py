@@ -25,8 +25,8 @@ class AnswerPipeline(Pipeline):
     the checkpoint's `config.json` key `version_2_with_negative`, written for SQuAD 2.0 models) the
     answer is empty (`start`/`end` None) when the [CLS] "no answer" score beats the best span by more
     than `null_threshold`. `score` is P(start) x P(end) of the chosen span (or of [CLS]).
-    `doc_stride` is at least `limits.min_stride_fraction` of `max_length`, and the windows of a call
-    at most `limits.max_rows`.
+    With `limits` (the server's), `doc_stride` is at least `limits.min_stride_fraction` of `max_length`,
+    and the windows of a call at most `limits.max_rows`.
     """
 
     model_class = BertForQuestionAnswering

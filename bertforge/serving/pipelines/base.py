@@ -5,13 +5,21 @@ more per input: long inputs of `tag` and `answer` become overlapping windows), t
 sorted by length and run in padded batches of `batch_size` through a *runner* (the model's
 export-friendly graph on PyTorch, `bertforge.serving.runner`, or the same graph exported to ONNX,
 `bertforge.serving.onnx`), and `postprocess` turns each input's feature outputs back into results,
-in the order the inputs came. The class attributes `request_inputs`, `optional_request_inputs` and
+in the order the inputs came.
+
+A call takes any number of inputs, as a batch job would give it (`pipe(texts_of_a_test_set)`): its
+inputs are run and postprocessed `batch_size * chunk_batches` at a time, so that the model outputs held
+at once (a tagger's logits per token, `embed`'s hidden states) are bounded by the batch, not by the call.
+A library pipeline has no per-call cost limits; the server gives its copies its per-request ones
+(`with_limits`, `bertforge.serving.limits`), as may a caller (`limits=`), and those are checked over the
+whole call before any forward pass. The class attributes `request_inputs`, `optional_request_inputs` and
 `request_options` are the server's request schema of the pipeline.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import os
 import re
@@ -117,7 +125,10 @@ class Pipeline:
             `bertforge.modeling.optimize_for_inference`; results move by what each costs in accuracy
             (BENCHMARKS.md, RESULTS.md). None (default): as loaded, float32 from a checkpoint.
         limits: what one call may cost (`bertforge.serving.limits.RequestLimits`: top_k, stride,
-            rows); a call over them raises PipelineInputError before the forward pass.
+            rows); a call over them raises PipelineInputError before the forward pass. None (default):
+            no limit but what the model allows (top_k within the vocabulary, a stride of at least one
+            token), so that a batch job's call of any size runs; `bertforge serve` sets its per-request
+            limits on the pipelines it serves.
         unpad: backend="torch" only: run the encoder on the real tokens of each batch, not the padding
             (exact to float rounding; the server's micro-batches mix lengths, where it pays most), and
             on CPU its packed length rounded up to a few sizes (`optimize_for_inference`, row_bucket).
@@ -146,7 +157,7 @@ class Pipeline:
                  max_length: int | None = None, onnx_model: str | os.PathLike | bytes | None = None,
                  runner: Runner | None = None, dtype: str | None = None, unpad: bool = True,
                  limits: RequestLimits | None = None):
-        self.limits = limits if limits is not None else RequestLimits()
+        self.limits: RequestLimits | None = limits
         if backend == "onnx" and dtype not in (None, "fp32"):
             raise ValueError(f"dtype={dtype!r} is for backend='torch'; the ONNX graph is exported in float32")
         if isinstance(model, nn.Module):
@@ -230,6 +241,8 @@ class Pipeline:
         least `limits.min_stride(max_length)` tokens: the windows a text yields stay bounded."""
         if not isinstance(stride, int) or isinstance(stride, bool) or stride < 1:
             raise PipelineInputError(f"{name} must be a positive integer, got {stride!r}")
+        if self.limits is None:
+            return
         least = self.limits.min_stride(self.max_length)
         if stride < least:
             raise PipelineInputError(f"{name} {stride} is under the limit of {least} tokens "
@@ -240,12 +253,12 @@ class Pipeline:
         before the rows are built, so an oversized call costs no forward pass. The pipelines whose
         inputs multiply into rows check it (tag and answer: windows, multiple choice: endings); one
         row per text (classify, embed, fill-mask) is bounded by the number of texts the caller sends
-        (on the server: `max_texts`)."""
-        if rows > self.limits.max_rows:
+        (on the server: `max_texts`). Without `limits` (a library pipeline) any number of rows is run."""
+        if self.limits is not None and rows > self.limits.max_rows:
             raise PipelineInputError(f"the inputs need {rows} model rows ({what}), over the limit of "
                                      f"{self.limits.max_rows} per call (max_rows): send fewer or shorter inputs")
 
-    def with_limits(self, limits: RequestLimits) -> "Pipeline":
+    def with_limits(self, limits: RequestLimits | None) -> "Pipeline":
         """This pipeline (sharing its model and tokenizer) with other cost limits: the server's."""
         other = copy.copy(self)
         other.limits = limits
@@ -271,15 +284,52 @@ class Pipeline:
 
     # -- the shared machinery
 
+    # A call's inputs are run and postprocessed this many batches' worth (`batch_size` inputs each) at a time:
+    # the model outputs held at once are bounded by the batch, not by the call. None: the whole call at once.
+    chunk_batches: int | None = 8
+
     def __call__(self, *inputs: Any, batch_size: int = 32, **options: Any) -> Any:
-        """Results for each input, in input order (see the subclass for inputs and options)."""
+        """Results for each input, in input order (see the subclass for inputs and options), for any number of
+        inputs: every input and option is checked first (over the whole call, so an error names the input
+        by its index in the call), then the inputs run `batch_size * chunk_batches` at a time."""
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise PipelineInputError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.check_options(**options)
         inputs = self.check_inputs(inputs)
         features = self.preprocess(*inputs, **options)
-        outputs = self.run(features, batch_size)
-        return self.postprocess(inputs, features, outputs, **options)
+        count = len(inputs[0]) if inputs else 0
+        chunk = count if self.chunk_batches is None else batch_size * self.chunk_batches
+        if count <= chunk:
+            return self.postprocess(inputs, features, self.run(features, batch_size), **options)
+        return self._call_in_chunks(inputs, features, chunk, batch_size, options)
+
+    def _call_in_chunks(self, inputs: tuple, features: list[Feature], chunk: int, batch_size: int,
+                        options: dict[str, Any]) -> Any:
+        """`__call__`'s results, `chunk` inputs at a time: each chunk's features (renumbered from 0 within it)
+        are run and postprocessed with the chunk's inputs and per-input options (`optional_request_inputs`,
+        e.g. text_pairs), then dropped; the chunks' results are joined (lists, or arrays row-wise)."""
+        count = len(inputs[0])
+        of_chunk: list[list[Feature]] = [[] for _ in range(0, count, chunk)]
+        for feature in features:
+            start = feature.example - feature.example % chunk
+            of_chunk[feature.example // chunk].append(dataclasses.replace(feature, example=feature.example - start))
+        features.clear()  # the call's list (the caller's too): each chunk's features go with the chunk
+        parts = []
+        for number, mine in enumerate(of_chunk):
+            start = number * chunk
+            if number and self.between_batches is not None:  # as between two forward batches of one run
+                self.between_batches()
+            part_inputs = tuple(value[start:start + chunk] for value in inputs)
+            part_options = {name: (value[start:start + chunk] if name in self.optional_request_inputs
+                                   and value is not None else value) for name, value in options.items()}
+            parts.append(self.postprocess(part_inputs, mine, self.run(mine, batch_size), **part_options))
+            of_chunk[number] = []  # this chunk's features and outputs are no longer held
+        if all(isinstance(part, np.ndarray) for part in parts):
+            return np.concatenate(parts)
+        if all(isinstance(part, list) for part in parts):
+            return [result for part in parts for result in part]
+        raise TypeError(f"{type(self).__name__}.postprocess returned {type(parts[0]).__name__}: a call run in "
+                        "chunks joins lists or arrays; set chunk_batches = None to run its calls whole")
 
     # Padded tokens per forward batch (None: `batch_size` rows whatever their length). The server sets
     # it, so that one forward batch stays short and `between_batches` comes often.

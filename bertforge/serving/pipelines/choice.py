@@ -29,8 +29,8 @@ class MultipleChoicePipeline(Pipeline):
     `pipe(contexts, endings, starts=None)` -> for each input `{"label": k, "ending": endings[i][k],
     "score": P(k), "scores": [P(0), ..., P(K-1)]}`: `endings[i]` is the list of candidate endings of
     `contexts[i]` (at least two); `starts[i]` (optional, SWAG's `sent2`) begins the second segment,
-    each ending following it after a space. The endings of a call, one model row each, number at
-    most `limits.max_rows`.
+    each ending following it after a space. With `limits` (the server's), the endings of a
+    call, one model row each, number at most `limits.max_rows`.
     """
 
     model_class = BertForMultipleChoice

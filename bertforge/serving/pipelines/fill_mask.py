@@ -22,8 +22,9 @@ class FillMaskPipeline(Pipeline):
     text with its [MASK] replaced by the token, given for a text with one [MASK] only (as Hugging
     Face's fill-mask pipeline does for one mask): repeating a text with many masks in every
     candidate would make the answer grow with masks^2 x top_k, so a text with several [MASK]s gets
-    `{"token", "token_id", "score"}` per candidate. `top_k` is at most the vocabulary size and
-    `limits.max_top_k`; [MASK]s x top_k over the texts at most `limits.max_predictions`.
+    `{"token", "token_id", "score"}` per candidate. `top_k` is at most the vocabulary size and,
+    with `limits` (the server's), `limits.max_top_k`; [MASK]s x top_k over the texts at most
+    `limits.max_predictions`.
     """
 
     model_class = BertForMaskedLM
@@ -39,6 +40,10 @@ class FillMaskPipeline(Pipeline):
     def check_options(self, top_k: int = 5, **_) -> None:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
             raise PipelineInputError(f"top_k must be a positive integer, got {top_k!r}")
+        if self.limits is None:  # a library pipeline: the vocabulary is the only bound
+            if top_k > len(self.tokenizer):
+                raise PipelineInputError(f"top_k {top_k} is over the vocabulary's {len(self.tokenizer)} tokens")
+            return
         limit = min(self.limits.max_top_k, len(self.tokenizer))
         if top_k > limit:
             raise PipelineInputError(f"top_k {top_k} is over the limit of {limit} (max_top_k "
@@ -59,7 +64,7 @@ class FillMaskPipeline(Pipeline):
             features.append(Feature(i, row["input_ids"], row["token_type_ids"], {"masked_positions": positions},
                                     {"spans": [row["offsets"][p] for p in positions]}))
         predictions = top_k * sum(len(f.extra_inputs["masked_positions"]) for f in features)
-        if predictions > self.limits.max_predictions:
+        if self.limits is not None and predictions > self.limits.max_predictions:
             raise PipelineInputError(f"the texts' [MASK]s x top_k make {predictions} predictions, over the limit "
                                      f"of {self.limits.max_predictions} per call (max_predictions)")
         return features

@@ -26,8 +26,9 @@ class TagPipeline(Pipeline):
     `max_length` run as overlapping windows `stride` tokens apart, each token taking the window in
     which it has the most context. `pipe(texts, aggregation="simple")` -> for each text a list of
     entities `{"entity", "score", "start", "end", "text"}`; `aggregation="none"` gives every word
-    `{"word", "label", "score", "start", "end"}` instead. `stride` is at least
-    `limits.min_stride_fraction` of `max_length`, and the windows of a call at most `limits.max_rows`.
+    `{"word", "label", "score", "start", "end"}` instead. With `limits` (the server's),
+    `stride` is at least `limits.min_stride_fraction` of `max_length`, and the windows of a call at most
+    `limits.max_rows`; without, a call takes any number of texts.
     """
 
     model_class = BertForTokenClassification
