@@ -39,6 +39,7 @@ from .._files import check_finished, read_text
 from ..metrics.glue import accuracy
 from ..metrics.squad import squad_metrics
 from ..modeling import (
+    BertConfig,
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -96,6 +97,44 @@ class PredictCommand:
 
 
 @dataclass(frozen=True)
+class Distillation:
+    """How `bertforge distill` takes a family's teachers. The work is the general distiller's
+    (`bertforge.distillation.distiller`); the family enters only as its adaptor, named here by import path
+    ("module:Class") and resolved by the distillation layer (tasks never import it).
+
+    adaptor: the family's `Adaptor` (what the teacher's outputs are, how they are cached, the soft-target
+        loss, the collate of the teacher's targets, the agreement metric, the after-step).
+    head_tensors: tensor names (as the head class saves them) a fine-tuned teacher holds; their absence
+        means the head was never trained.
+    recipe: the defaults of the shared flags (lr, batch_size, max_seq_length, epochs), or a function of the
+        teacher's config and the family's `options` when they depend on it (SQuAD's on its version).
+    options: the family's own `distill` flags (their `dest`, e.g. the answer family's version and
+        doc_stride); refused for a teacher of another family.
+    intermediate: takes TinyBERT's intermediate-layer terms (--intermediate).
+    student_vocab: a student with its own vocabulary (--student-vocab: sentence-level outputs only; a
+        per-token or span output would need an alignment of the two tokenizations).
+    augment: its transfer set takes augmented copies of the training text (--augment).
+    head_proves_training: a checkpoint whose config.json records no training (no finetuning_task, no
+        problem_type) is a teacher when its `head_tensors` are in its weights: transformers saves a
+        fine-tuned token-classification or question-answering model so, while its sequence classifier
+        records a problem_type on its first labelled step (one without is a head never trained).
+    """
+
+    adaptor: str
+    head_tensors: tuple[str, ...]
+    recipe: dict[str, Any] | Callable[[BertConfig, dict[str, Any]], dict[str, Any]]
+    options: tuple[str, ...] = ()
+    intermediate: bool = False
+    student_vocab: bool = False
+    augment: bool = False
+    head_proves_training: bool = False
+
+    def recipe_of(self, config: BertConfig, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shared flags' defaults for the teacher whose config this is (resolved once per run)."""
+        return self.recipe(config, options or {}) if callable(self.recipe) else dict(self.recipe)
+
+
+@dataclass(frozen=True)
 class TaskFamily:
     """One task family: everything the CLI, the server and `pipeline()` need to know about it.
 
@@ -112,6 +151,7 @@ class TaskFamily:
         --task`; default: the family's name); the pipeline classes bind to it in `bertforge.serving.registry`.
     finetuning_tasks: the `finetuning_task` values a fine-tuned checkpoint of this family carries.
     problem_types: the config.json `problem_type` values that mean this family.
+    distill: how `bertforge distill` takes its teachers (`Distillation`; None: not distilled yet).
     """
 
     name: str
@@ -127,6 +167,7 @@ class TaskFamily:
     pipeline: str = ""
     finetuning_tasks: tuple[str, ...] = ()
     problem_types: tuple[str, ...] = ()
+    distill: Distillation | None = None
 
     def __post_init__(self) -> None:
         if not self.pipeline:
@@ -137,6 +178,8 @@ class TaskFamily:
         """Every name that resolves to this family, the canonical one first."""
         return (self.name, *self.aliases, *self.finetuning_tasks)
 
+
+_CLASSIFIER = ("classifier.weight", "classifier.bias")  # the head tensors of a trained classify or tag head
 
 FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
@@ -156,6 +199,9 @@ FAMILIES: tuple[TaskFamily, ...] = (
         predict=PredictCommand(classification.predict_from_args, classification.add_predict_flags),
         # GLUE task names (and their aliases) resolve here too: a GLUE model records its task's name.
         problem_types=("single_label_classification", "regression"),
+        distill=Distillation("bertforge.distillation.classify:ClassifyAdaptor", _CLASSIFIER,
+                             dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), intermediate=True,
+                             student_vocab=True, augment=True),
     ),
     TaskFamily(
         # Any number of labels per text: the classify head with sigmoid + binary cross-entropy. Its
@@ -172,6 +218,8 @@ FAMILIES: tuple[TaskFamily, ...] = (
         ),
         predict=PredictCommand(multi_label.predict_run, multi_label.add_predict_flags), pipeline="classify",
         finetuning_tasks=(multi_label.TASK_NAME,), problem_types=(multi_label.MULTI_LABEL,),
+        distill=Distillation("bertforge.distillation.multi_label:MultiLabelAdaptor", _CLASSIFIER, multi_label.RECIPE,
+                             augment=True),
     ),
     TaskFamily(
         name="multiple-choice", aliases=("multiple_choice", "choice", "swag"),
@@ -202,6 +250,9 @@ FAMILIES: tuple[TaskFamily, ...] = (
         predict=PredictCommand(squad.predict_from_args, squad.add_predict_flags, own_files=True,
                                selected_by=("question",)),
         finetuning_tasks=("squad", "squad_v2"),
+        distill=Distillation("bertforge.distillation.answer:AnswerAdaptor", ("qa_outputs.weight", "qa_outputs.bias"),
+                             squad.answer_recipe, options=("version", "doc_stride", "tune_threshold"),
+                             intermediate=True, head_proves_training=True),
     ),
     TaskFamily(
         name="tag", aliases=("ner", "token-classification", "tagging"),
@@ -217,6 +268,8 @@ FAMILIES: tuple[TaskFamily, ...] = (
         ),
         predict=PredictCommand(tagging.predict_from_args, tagging.add_predict_flags),
         finetuning_tasks=(conll.TASK_NAME,),
+        distill=Distillation("bertforge.distillation.tag:TagAdaptor", _CLASSIFIER, tagging.FINE_TUNING_RECIPE,
+                             intermediate=True, augment=True, head_proves_training=True),
     ),
     TaskFamily(
         name="embed", aliases=("feature-extraction", "embedding", "extract-features", "features"),
@@ -357,6 +410,6 @@ def pipeline_for_checkpoint(directory: str | os.PathLike) -> str:
     return family_for_checkpoint(directory).pipeline
 
 
-__all__ = ["ALIASES", "FAMILIES", "TASKS", "FinetuneCommand", "PredictCommand", "TaskFamily", "checkpoint_config",
+__all__ = ["ALIASES", "FAMILIES", "TASKS", "Distillation", "FinetuneCommand", "PredictCommand", "TaskFamily", "checkpoint_config",
            "family_for_checkpoint", "finetune_commands", "pipeline_for_checkpoint", "register_family", "resolve",
            "task_for_checkpoint", "unregister_family"]

@@ -59,9 +59,9 @@ from .squad_postprocess import SquadPredictions, json_text, postprocess, tune_nu
 
 logger = logging.getLogger("bertforge")
 
-__all__ = ["SQUAD_DEFAULTS", "SQUAD_FLAGS", "add_predict_flags", "add_squad_flags", "answer_questions",
+__all__ = ["ANSWER_RECIPE", "SQUAD_DEFAULTS", "SQUAD_FLAGS", "answer_recipe", "add_predict_flags", "add_squad_flags", "answer_questions",
            "check_squad_args", "check_squad_settings", "predict_from_args", "predict_logits", "predict_squad_file",
-           "squad_after", "squad_flags", "squad_from_args", "squad_step", "squad_task"]
+           "squad_after", "squad_flags", "squad_from_args", "squad_step", "squad_task", "teacher_version"]
 
 
 def squad_step(model, batch: dict[str, torch.Tensor]):
@@ -247,6 +247,35 @@ def predict_squad_file(model_dir: str | os.PathLike, input_file: str | os.PathLi
 # Per version: Google's run_squad.py / the paper's v1.1 recipe (3 epochs, batch 32, lr 5e-5) and the paper's
 # v2.0 recipe (§4.3: 2 epochs, batch 48, lr 5e-5).
 SQUAD_DEFAULTS = {"1.1": {"epochs": 3.0, "batch_size": 32}, "2.0": {"epochs": 2.0, "batch_size": 48}}
+
+# The answer family's recipe (`finetune squad`, `distill`): lr 5e-5 and seq 384 as Google's run_squad.py; batch size
+# and epochs per version (SQUAD_DEFAULTS)
+ANSWER_RECIPE = dict(lr=5e-5, batch_size=SQUAD_DEFAULTS["1.1"]["batch_size"], max_seq_length=384,
+                     epochs=SQUAD_DEFAULTS["1.1"]["epochs"])
+
+
+def teacher_version(config: BertConfig, version: str | None = None) -> str:
+    """The SQuAD version of a teacher: its config.json's (`version_2_with_negative`, else `finetuning_task`
+    "squad_v2" / "squad"), else `version` (--version), else "1.1". ValueError when --version contradicts
+    the teacher."""
+    extra = config.extra
+    if "version_2_with_negative" in extra:
+        own = "2.0" if extra["version_2_with_negative"] else "1.1"
+    else:
+        own = {"squad_v2": "2.0", "squad": "1.1"}.get(str(extra.get("finetuning_task")))
+    if own is not None and version is not None and version != own:
+        raise ValueError(f"--version {version}: the teacher was fine-tuned on SQuAD {own} (its config.json)")
+    return own or version or "1.1"
+
+
+def answer_recipe(config: BertConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """The shared flags' defaults for this teacher: `finetune squad`'s per version (v1.1: batch 32, 3 epochs;
+    v2.0: batch 48, 2 epochs), lr 5e-5, the teacher's own --max-seq-length (else 384)."""
+    version = teacher_version(config, options.get("version"))
+    stored = config.extra.get("squad") or {}
+    return {**ANSWER_RECIPE, **SQUAD_DEFAULTS[version],
+            "max_seq_length": stored.get("max_seq_length", ANSWER_RECIPE["max_seq_length"])}
+
 
 # The SquadSettings fields that `finetune squad` and `predict` take as flags of the same names.
 SQUAD_FLAGS = ("max_seq_length", "doc_stride", "max_query_length", "n_best_size", "max_answer_length",

@@ -29,7 +29,7 @@ from .conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTI
                     read_for_prediction, read_model_config, word_piece_ids, write_conll)
 from .feature_based import feature_ner_task, predict_conll_feature_based
 
-__all__ = ["add_ner_flags", "add_predict_flags", "ner_after", "ner_from_args", "ner_summary", "ner_task",
+__all__ = ["FEATURE_BASED_RECIPE", "FINE_TUNING_RECIPE", "add_ner_flags", "add_predict_flags", "ner_after", "ner_from_args", "ner_summary", "ner_task",
            "predict_conll", "predict_from_args", "predict_window_tags", "token_classification_step"]
 
 
@@ -175,6 +175,12 @@ def add_ner_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lstm-layers", type=int, default=2, help="--feature-based: BiLSTM layers")
     p.add_argument("--lstm-dropout", type=float, default=0.1, help="--feature-based: dropout on the BiLSTM's "
                    "input, between its layers and before the classifier")
+
+
+# The recipes of the two approaches (lr, batch size, sequence length, epochs): fine-tuning at BERT's rates
+# (also `distill`'s for a tagger), and the BiLSTM over frozen features at the usual LSTM rates.
+FINE_TUNING_RECIPE = dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0)
+FEATURE_BASED_RECIPE = dict(lr=1e-3, batch_size=16, max_seq_length=128, epochs=4.0)
 
 
 def ner_from_args(args: argparse.Namespace) -> FinetuneTask:
