@@ -75,8 +75,9 @@ def run(args: argparse.Namespace) -> None:
     """Any `finetune` sub-command: its task from the flags, the shared engine (a learning-rate grid and
     seeds when asked), the report, then what the command does with the best model (`after`)."""
     command: FinetuneCommand = args.finetune_command
-    task = command.task(args)  # may fill the recipe's open values (lr, batch size, recipe_epochs)
-    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
+    recipe = command.recipe_of(args)  # per version, approach, ...: resolved once, kept out of the flags
+    task = command.task(args)
+    results = engine.finetune_grid(task, _arguments(args, recipe), *_grid(args))
     report_finetune(results, args.output_dir)
     if command.after is not None:
         command.after(args)

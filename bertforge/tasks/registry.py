@@ -60,10 +60,11 @@ class FinetuneCommand:
     name / help: the sub-command and its --help line.
     add_flags(parser): the command's OWN flags (data files, options); the flags every task shares
         (--model, --output-dir, --lr, --lr-grid, --seeds, --epochs, ...) are the CLI's.
-    task(args): the `FinetuneTask` from the parsed flags. It may fill the shared settings the recipe
-        leaves None from the command's own flags (`args.lr`, `args.batch_size`, and `args.recipe_epochs`,
-        the epochs used when --epochs is not given): SQuAD's depend on --version, NER's on the approach.
-    recipe: the defaults of shared flags: `lr`, `batch_size`, `max_seq_length`, `epochs` (None: task() decides).
+    task(args): the `FinetuneTask` from the parsed flags; it never writes into them.
+    recipe: the defaults of shared flags: `lr`, `batch_size`, `max_seq_length`, `epochs` (None: `recipe_for`
+        decides).
+    recipe_for(args): the recipe for these flags when it depends on them (SQuAD's on --version, NER's on the
+        approach); its values fill `recipe`'s (`recipe_of`: resolved once, by the CLI, per run).
     check(args): judges the flags together before any model is fetched or loads (optional).
     after(args): runs once training is done, e.g. a test file predicted with the best model in OUT (optional).
     """
@@ -75,6 +76,11 @@ class FinetuneCommand:
     recipe: dict[str, Any] = field(default_factory=dict)
     check: Callable[[argparse.Namespace], None] | None = None
     after: Callable[[argparse.Namespace], None] | None = None
+    recipe_for: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+
+    def recipe_of(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The recipe of one run: `recipe`, with `recipe_for(args)`'s values."""
+        return {**self.recipe, **(self.recipe_for(args) if self.recipe_for is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -245,7 +251,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
             FinetuneCommand("squad", "SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
                             "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)", squad.add_squad_flags,
                             squad.squad_from_args, dict(lr=5e-5, batch_size=None, max_seq_length=384, epochs=None),
-                            check=squad.check_squad_args, after=squad.squad_after),
+                            check=squad.check_squad_args, after=squad.squad_after, recipe_for=squad.squad_recipe),
         ),
         predict=PredictCommand(squad.predict_from_args, squad.add_predict_flags, own_files=True,
                                selected_by=("question",)),
@@ -264,7 +270,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
             FinetuneCommand("ner", "CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, 3 epochs, "
                             "lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)", tagging.add_ner_flags,
                             tagging.ner_from_args, dict(lr=None, batch_size=16, max_seq_length=128, epochs=None),
-                            after=tagging.ner_after),
+                            after=tagging.ner_after, recipe_for=tagging.ner_recipe),
         ),
         predict=PredictCommand(tagging.predict_from_args, tagging.add_predict_flags),
         finetuning_tasks=(conll.TASK_NAME,),

@@ -59,9 +59,10 @@ from .squad_postprocess import SquadPredictions, json_text, postprocess, tune_nu
 
 logger = logging.getLogger("bertforge")
 
-__all__ = ["ANSWER_RECIPE", "SQUAD_DEFAULTS", "SQUAD_FLAGS", "answer_recipe", "add_predict_flags", "add_squad_flags", "answer_questions",
-           "check_squad_args", "check_squad_settings", "predict_from_args", "predict_logits", "predict_squad_file",
-           "squad_after", "squad_flags", "squad_from_args", "squad_step", "squad_task", "teacher_version"]
+__all__ = ["ANSWER_RECIPE", "SQUAD_DEFAULTS", "SQUAD_FLAGS", "add_predict_flags", "add_squad_flags",
+           "answer_questions", "answer_recipe", "check_squad_args", "check_squad_settings", "predict_from_args",
+           "predict_logits", "predict_squad_file", "squad_after", "squad_flags", "squad_from_args", "squad_recipe",
+           "squad_step", "squad_task", "teacher_version"]
 
 
 def squad_step(model, batch: dict[str, torch.Tensor]):
@@ -309,13 +310,14 @@ def check_squad_args(args: argparse.Namespace) -> None:
     SquadSettings(**{k: v for k, v in squad_flags(args).items() if k != "null_score_diff_threshold"}).check(flags=True)
 
 
+def squad_recipe(args: argparse.Namespace) -> dict[str, Any]:
+    """`finetune squad`'s recipe for its flags: lr 5e-5 and seq 384, batch size and epochs per --version."""
+    return {**ANSWER_RECIPE, **SQUAD_DEFAULTS[args.version]}
+
+
 def squad_from_args(args: argparse.Namespace) -> FinetuneTask:
-    """`squad_task` from `bertforge finetune squad`'s flags; the version's recipe fills the batch size and
-    epochs not given."""
-    recipe = SQUAD_DEFAULTS[args.version]
-    if args.batch_size is None:
-        args.batch_size = recipe["batch_size"]
-    args.recipe_epochs = recipe["epochs"]
+    """`squad_task` from `bertforge finetune squad`'s flags (the version's recipe, `squad_recipe`, fills the
+    batch size and epochs not given)."""
     if args.tune_threshold and args.version != "2.0":
         raise ValueError("--tune-threshold chooses the no-answer threshold of SQuAD 2.0: add --version 2.0")
     return squad_task(args.model, args.train_file, args.dev_file, version=args.version,

@@ -29,8 +29,9 @@ from .conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTI
                     read_for_prediction, read_model_config, word_piece_ids, write_conll)
 from .feature_based import feature_ner_task, predict_conll_feature_based
 
-__all__ = ["FEATURE_BASED_RECIPE", "FINE_TUNING_RECIPE", "add_ner_flags", "add_predict_flags", "ner_after", "ner_from_args", "ner_summary", "ner_task",
-           "predict_conll", "predict_from_args", "predict_window_tags", "token_classification_step"]
+__all__ = ["FEATURE_BASED_RECIPE", "FINE_TUNING_RECIPE", "add_ner_flags", "add_predict_flags", "ner_after",
+           "ner_from_args", "ner_recipe", "ner_summary", "ner_task", "predict_conll", "predict_from_args",
+           "predict_window_tags", "token_classification_step"]
 
 
 def token_classification_step(model, batch: dict[str, torch.Tensor]):
@@ -183,20 +184,21 @@ FINE_TUNING_RECIPE = dict(lr=5e-5, batch_size=16, max_seq_length=128, epochs=3.0
 FEATURE_BASED_RECIPE = dict(lr=1e-3, batch_size=16, max_seq_length=128, epochs=4.0)
 
 
+def ner_recipe(args: argparse.Namespace) -> dict[str, float]:
+    """`finetune ner`'s recipe for its flags: a randomly initialised BiLSTM (--feature-based) learns at the
+    usual LSTM rates, not at BERT's fine-tuning rates."""
+    return dict(FEATURE_BASED_RECIPE if args.feature_based else FINE_TUNING_RECIPE)
+
+
 def ner_from_args(args: argparse.Namespace) -> FinetuneTask:
-    """`ner_task` (or, with --feature-based, `feature_ner_task`) from `bertforge finetune ner`'s flags; the
-    approach's recipe fills the learning rate and epochs not given."""
+    """`ner_task` (or, with --feature-based, `feature_ner_task`) from `bertforge finetune ner`'s flags (the
+    approach's recipe, `ner_recipe`, fills the learning rate and epochs not given)."""
     if args.feature_based:
-        # A randomly initialised BiLSTM learns at the usual LSTM rates, not at BERT's fine-tuning rates.
-        args.lr = args.lr or 1e-3
-        args.recipe_epochs = 4.0
         return feature_ner_task(args.model, args.train_file, args.dev_file, features=args.features,
                                 lstm_hidden=args.lstm_hidden, lstm_layers=args.lstm_layers, dropout=args.lstm_dropout,
                                 document_context=args.document_context, max_seq_length=args.max_seq_length,
                                 eval_batch_size=args.eval_batch_size, max_train_examples=args.max_train_examples,
                                 device=args.device, progress=args.progress)
-    args.lr = args.lr or 5e-5
-    args.recipe_epochs = 3.0
     return ner_task(args.model, args.train_file, args.dev_file, document_context=args.document_context,
                     max_seq_length=args.max_seq_length, eval_batch_size=args.eval_batch_size,
                     max_train_examples=args.max_train_examples)

@@ -192,3 +192,25 @@ def test_an_unregistered_family_is_gone(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "toy", "--train-file", "t", "--dev-file", "d", "--model", "m", "--output-dir", "o"])
     assert "invalid choice: 'toy'" in capsys.readouterr().err
+
+
+def test_a_recipe_that_depends_on_the_flags_is_resolved_per_run_and_never_written_into_them():
+    """NER's recipe depends on the approach, SQuAD's on --version: `FinetuneCommand.recipe_of` resolves it
+    and `_arguments` fills the flags left None from it, while the parsed flags stay as given."""
+    from bertforge.cli import build_parser
+    from bertforge.cli.finetune import _arguments
+
+    parser = build_parser()
+    for flags, lr, batch_size, epochs in ((["ner"], 5e-5, 16, 3.0), (["ner", "--feature-based"], 1e-3, 16, 4.0),
+                                          (["squad"], 5e-5, 32, 3.0), (["squad", "--version", "2.0"], 5e-5, 48, 2.0)):
+        args = parser.parse_args(["finetune", *flags, "--train-file", "t", "--dev-file", "d", "--model", "m",
+                                  "--output-dir", "o"])
+        before = dict(vars(args))
+        recipe = args.finetune_command.recipe_of(args)
+        settings = _arguments(args, recipe)
+        assert (settings.lr, settings.batch_size, settings.epochs) == (lr, batch_size, epochs), flags
+        assert vars(args) == before
+    args = parser.parse_args(["finetune", "ner", "--train-file", "t", "--dev-file", "d", "--model", "m", "--output-dir", "o",
+                              "--lr", "2e-5", "--epochs", "1"])
+    settings = _arguments(args, args.finetune_command.recipe_of(args))
+    assert (settings.lr, settings.epochs) == (2e-5, 1.0)  # given flags win over the recipe
