@@ -210,7 +210,7 @@ def test_a_recipe_that_depends_on_the_flags_is_resolved_per_run_and_never_writte
         settings = _arguments(args, recipe)
         assert (settings.lr, settings.batch_size, settings.epochs) == (lr, batch_size, epochs), flags
         assert vars(args) == before
-    args = parser.parse_args(["finetune", "ner", "--train-file", "t", "--dev-file", "d", "--model", "m", "--output-dir", "o",
-                              "--lr", "2e-5", "--epochs", "1"])
+    args = parser.parse_args(["finetune", "ner", "--train-file", "t", "--dev-file", "d", "--model", "m",
+                              "--output-dir", "o", "--lr", "2e-5", "--epochs", "1"])
     settings = _arguments(args, args.finetune_command.recipe_of(args))
     assert (settings.lr, settings.epochs) == (2e-5, 1.0)  # given flags win over the recipe
