@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from ..metrics.squad import evaluate_v1, evaluate_v2, squad_metrics
-from ..modeling import BertForQuestionAnswering
 from ..tasks.squad import ANSWER_RECIPE, answer_recipe, keep_tuned_threshold, predict_logits, teacher_version
 from ..tasks.squad_data import SquadSettings, check_alignment, collate, convert_examples_to_features, read_squad_file
 from ..tasks.squad_postprocess import postprocess, write_squad_predictions
@@ -127,7 +126,6 @@ class AnswerAdaptor(Adaptor):
     the passage; the version and window settings from the teacher (`options`: version, doc_stride,
     tune_threshold); --unlabeled refused (a transfer example is a question with its passage)."""
 
-    head = BertForQuestionAnswering
     what = "answer start/end logits"
     teacher_task = "squad"
 

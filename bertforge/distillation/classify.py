@@ -41,7 +41,6 @@ import torch
 
 from .._files import read_text
 from ..metrics.glue import glue_metrics, main_metric
-from ..modeling import BertForSequenceClassification
 from ..modeling.pretrained import resolve_model_dir
 from ..tasks.classification import classification_task, classify_metrics, logits_to_predictions, predict_features
 from ..tasks.classify_features import convert_examples_to_features, pad_batch
@@ -117,7 +116,6 @@ class SentenceAdaptor(Adaptor):
     """What the sentence-level families share: the teacher's logits (N, K) per transfer example, stored as
     one array ("logits"); a batch reads its rows."""
 
-    head = BertForSequenceClassification
     inputs = ("input_ids", "token_type_ids")
 
     def compute(self, teacher, rows: Sequence[dict]) -> dict[str, np.ndarray]:

@@ -106,8 +106,8 @@ class Adaptor(abc.ABC):
     """What a task family tells the general distiller; one instance per run (`Adaptor(run)` reads the
     data and builds the rows).
 
-    Declared by the class: `head` (the teacher's and the student's head class), `what` and `inputs` (the
-    cache key's name of the outputs and the feature fields they depend on), `per_row` (every stored array
+    Declared by the class: `what` and `inputs` (the cache key's name of the outputs and the feature
+    fields they depend on), `per_row` (every stored array
     has one row per feature: checked when read back), `objective` (distillation.json's words).
     Set by `__init__`: `name` (the student's finetuning task, the run's name), `teacher_task` (the task
     the teacher loads for), `tokenizer`, `pad_id`, `teacher_pad_id`, `features` (the transfer rows the
@@ -116,7 +116,6 @@ class Adaptor(abc.ABC):
     `teacher_dev_features` (None without a dev file), `head_overrides`, `main_metric`,
     `greater_is_better`, `write_predictions`, `lengths`."""
 
-    head: type[nn.Module]
     what: str
     inputs: tuple[str, ...] = ("input_ids", "token_type_ids")
     per_row: bool = True
@@ -204,7 +203,7 @@ def general_distill_task(run: DistillRun, adaptor_class: type[Adaptor]) -> Finet
     if run.labels_only and run.intermediate:
         raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
     adaptor = adaptor_class(run)
-    teacher = load_for_inference(adaptor.head, run.teacher_dir, task=adaptor.teacher_task)
+    teacher = load_for_inference(run.family.head, run.teacher_dir, task=adaptor.teacher_task)
     teacher.to(run.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     outputs = _outputs(run, adaptor, teacher, adaptor.teacher_features)
     dev_outputs = _outputs(run, adaptor, teacher, adaptor.teacher_dev_features) \

@@ -42,7 +42,6 @@ import numpy as np
 import torch
 
 from .._files import read_text
-from ..modeling import BertForTokenClassification
 from ..modeling.modes import evaluating
 from ..tasks.conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTIONS, IGNORE_INDEX, TASK_NAME,
                            Sentence, build_windows, collate_windows, ner_metrics, word_piece_ids,
@@ -170,7 +169,6 @@ class TagAdaptor(Adaptor):
     offsets (`teacher_word_logits`); windows as the teacher was trained (document context or not) at
     `run.max_seq_length` (default 128); a feature-based tagger is refused."""
 
-    head = BertForTokenClassification
     what = "tag word logits"
     inputs = ("input_ids", "positions")
     per_row = False  # `offsets` has one row more than the windows, `logits` one per word

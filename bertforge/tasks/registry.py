@@ -1,15 +1,16 @@
 """The task registry: every task family bertforge knows, declared once.
 
 In the spirit of google-research/bert's `processors` dict that its `main` reads (run_classifier.py):
-each family names its canonical name and aliases, the head it fine-tunes (`head`), how its data is
-read (`reader`), turned into model inputs (`features`) and scored (`metrics`), its `bertforge finetune`
-sub-commands (`FinetuneCommand`: own flags, the `FinetuneTask` built from them, the recipe's defaults,
-what runs after training), what `bertforge predict` runs for its models (`PredictCommand`), and the
-name of its serving pipeline (`pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx --task`).
-The commands, the server, `pipeline()` and ONNX export read this table (`TASKS`, which
-`register_family` extends at run time); `family_for_checkpoint` is the one resolver from a checkpoint
-to its family. The functions an entry names live in the family's module; adding a task is that
-module and one entry (ARCHITECTURE.md, "Where to add things").
+each family (`TaskFamily`, one object) names its canonical name and aliases, the head it fine-tunes,
+distils and serves (`head`), how its data is read (`reader`), its `bertforge finetune` sub-commands
+(`FinetuneCommand`: own flags, the `FinetuneTask` built from them, the recipe, what runs after
+training), what `bertforge predict` runs for its models (`PredictCommand`), its serving pipeline (its
+name: `pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx --task`; its class by import path)
+and how `bertforge distill` takes its teachers (`Distillation`: the adaptor the general distiller runs,
+the recipe, what it supports). Every command, the server, `pipeline()`, ONNX export and the distiller
+read this list (`TASKS`, which `register_family` extends at run time); no other table keyed by a
+family's name exists. `family_for_checkpoint` is the one resolver from a checkpoint to its family.
+Adding a task is the family's module and one entry (ARCHITECTURE.md, "Where to add things").
 
 Canonical names. One name per concept, and it is the name of what the model *does*, not of a
 data set or of one use of a head: `classify`, `multiple-choice`, `answer`, `tag`, `embed`,
@@ -36,8 +37,6 @@ from typing import Any, Callable
 from torch import nn
 
 from .._files import check_finished, read_text
-from ..metrics.glue import accuracy
-from ..metrics.squad import squad_metrics
 from ..modeling import (
     BertConfig,
     BertForMaskedLM,
@@ -49,7 +48,7 @@ from ..modeling import (
 )
 from ..modeling.pretrained import resolve_model_dir
 from ..training.finetune import FinetuneTask
-from . import (choice, classification, classify_features, classify_reader, conll, embed, glue, glue_data, multi_label,
+from . import (choice, classification, classify_reader, conll, embed, glue, glue_data, multi_label,
                multi_label_reader, squad, squad_data, tagging)
 
 
@@ -147,14 +146,15 @@ class TaskFamily:
     name: the canonical name.
     aliases: other names accepted anywhere a task is named (CLI commands, `finetuning_task` values
         written by older runs, Hugging Face task names, module names).
-    head: the model class fine-tuned and served; `architectures`: the config.json `architectures`
-        entries that mean this family (the head's own name first).
-    module: the `bertforge.tasks` module that implements the family.
-    reader / features / metrics: data file -> examples; examples -> features (model inputs, Google's
-        InputFeatures); (predictions, gold) -> scores.
+    head: the model class fine-tuned, distilled (the teacher's and the student's) and served;
+        `architectures`: the config.json `architectures` entries that mean this family (the head's own
+        name first).
+    reader: data file -> examples (what `distill` reads a teacher's training data with).
     finetune: its `bertforge finetune <name>` sub-commands; predict: what `bertforge predict` runs.
-    pipeline: the name of its serving pipeline (`pipeline(name)`, `POST /v1/<name>`, `export-onnx
-        --task`; default: the family's name); the pipeline classes bind to it in `bertforge.serving.registry`.
+    pipeline: the name of the pipeline that serves it (`pipeline(name)`, `POST /v1/<name>`, `export-onnx
+        --task`; default: the family's name; multi-label is served by "classify").
+    pipeline_class: that pipeline's class as an import path ("module:Class"), for the family whose pipeline
+        it is: `bertforge.serving.registry` imports it (the tasks layer never imports serving).
     finetuning_tasks: the `finetuning_task` values a fine-tuned checkpoint of this family carries.
     problem_types: the config.json `problem_type` values that mean this family.
     distill: how `bertforge distill` takes its teachers (`Distillation`; None: not distilled yet).
@@ -164,13 +164,11 @@ class TaskFamily:
     aliases: tuple[str, ...]
     head: type[nn.Module]
     architectures: tuple[str, ...]
-    module: str
     reader: Callable[..., Any] | None = None
-    features: Callable[..., Any] | None = None
-    metrics: Callable[..., Any] | None = None
     finetune: tuple[FinetuneCommand, ...] = ()
     predict: PredictCommand | None = None
     pipeline: str = ""
+    pipeline_class: str = ""
     finetuning_tasks: tuple[str, ...] = ()
     problem_types: tuple[str, ...] = ()
     distill: Distillation | None = None
@@ -191,8 +189,8 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="classify", aliases=("classification", "text-classification", "sequence-classification", "glue"),
         head=BertForSequenceClassification, architectures=("BertForSequenceClassification",),
-        module="bertforge.tasks.classification", reader=classify_reader.read_classify_file,
-        features=classify_features.convert_examples_to_features, metrics=classification.classify_metrics,
+        reader=classify_reader.read_classify_file,
+        pipeline_class="bertforge.serving.pipelines.classify:ClassifyPipeline",
         finetune=(
             FinetuneCommand("glue", "a GLUE task (paper defaults: batch 32, 3 epochs, lr 2e-5)", glue.add_glue_flags,
                             glue.glue_from_args, dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
@@ -215,8 +213,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
         # how they resolve here rather than to classify; they serve through the classify pipeline.
         name="multi-label", aliases=("multi_label", "multi-label-classification", "multi_label_classification"),
         head=BertForSequenceClassification, architectures=(),
-        module="bertforge.tasks.multi_label", reader=multi_label_reader.read_multi_label_file,
-        features=multi_label.convert_examples, metrics=multi_label.multi_label_metrics,
+        reader=multi_label_reader.read_multi_label_file,
         finetune=(
             FinetuneCommand("multi-label", "any number of labels per text: GoEmotions TSV with --labels, or CSV/JSONL "
                             "with a labels list; defaults: batch 32, 3 epochs, lr 5e-5", multi_label.add_multi_label_flags,
@@ -230,8 +227,8 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="multiple-choice", aliases=("multiple_choice", "choice", "swag"),
         head=BertForMultipleChoice, architectures=("BertForMultipleChoice",),
-        module="bertforge.tasks.choice", reader=choice.read_swag_file,
-        features=choice.convert_examples_to_features, metrics=accuracy,
+        reader=choice.read_swag_file,
+        pipeline_class="bertforge.serving.pipelines.choice:MultipleChoicePipeline",
         finetune=(
             FinetuneCommand("multiple-choice", "SWAG-layout CSV (sent1, sent2, ending0..3, label); paper defaults: "
                             "batch 16, 3 epochs, lr 2e-5", choice.add_multiple_choice_flags,
@@ -244,8 +241,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="answer", aliases=("question-answering", "qa", "squad"),
         head=BertForQuestionAnswering, architectures=("BertForQuestionAnswering",),
-        module="bertforge.tasks.squad", reader=squad_data.read_squad_file,
-        features=squad_data.convert_examples_to_features, metrics=squad_metrics,
+        reader=squad_data.read_squad_file, pipeline_class="bertforge.serving.pipelines.answer:AnswerPipeline",
         finetune=(
             # lr 5e-5 and seq 384 as Google's run_squad.py; batch size and epochs per --version (squad_from_args)
             FinetuneCommand("squad", "SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
@@ -263,8 +259,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="tag", aliases=("ner", "token-classification", "tagging"),
         head=BertForTokenClassification, architectures=("BertForTokenClassification", "BiLSTMTagger"),
-        module="bertforge.tasks.tagging", reader=conll.read_conll, features=conll.build_windows,
-        metrics=conll.ner_metrics,
+        reader=conll.read_conll, pipeline_class="bertforge.serving.pipelines.tag:TagPipeline",
         finetune=(
             # lr and epochs per approach (ner_from_args): fine-tuning 5e-5 and 3, the BiLSTM 1e-3 and 4.
             FinetuneCommand("ner", "CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, 3 epochs, "
@@ -280,12 +275,12 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="embed", aliases=("feature-extraction", "embedding", "extract-features", "features"),
         head=BertModel, architectures=("BertModel",),
-        module="bertforge.tasks.embed", reader=embed.read_examples, features=embed.convert_examples_to_features,
+        reader=embed.read_examples, pipeline_class="bertforge.serving.pipelines.embed:EmbedPipeline",
     ),
     TaskFamily(
         name="fill-mask", aliases=("fill_mask", "mlm"),
         head=BertForMaskedLM, architectures=("BertForMaskedLM", "BertForPreTraining"),
-        module="bertforge.modeling.heads",
+        pipeline_class="bertforge.serving.pipelines.fill_mask:FillMaskPipeline",
     ),
 )
 """The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""

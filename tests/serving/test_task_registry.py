@@ -14,6 +14,7 @@ from torch import nn
 from bertforge.cli import build_parser
 from bertforge.serving import PIPELINES, pipeline
 from bertforge.serving.pipelines import resolve_task
+from bertforge.serving.registry import family_pipeline
 from bertforge.serving.pipelines import task_for_checkpoint as serving_task_for_checkpoint
 from bertforge.tasks import registry
 from bertforge.tasks.registry import (FAMILIES, TASKS, family_for_checkpoint, finetune_commands,
@@ -57,6 +58,9 @@ def test_each_family_is_declared_once_and_complete():
         # A family that shares its head with another (multi-label: classify's) resolves by its names only.
         assert not family.architectures or family.architectures[0] == family.head.__name__
         assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
+        if family.pipeline_class:  # the family whose pipeline it is: the class is named after it
+            assert family_pipeline(family) is PIPELINES[family.pipeline]
+            assert family_pipeline(family).task == family.pipeline == family.name
 
 
 def sub_commands(parser: argparse.ArgumentParser, *path: str) -> list[str]:
@@ -85,8 +89,10 @@ def test_the_cli_is_built_from_the_registry():
     predictors = {name: TASKS[name].predict.run for name in ("classify", "multi-label", "multiple-choice", "answer",
                                                              "tag")}
     assert len(set(predictors.values())) == 5  # one each, from the family's own module
+    modules = {"classify": "classification", "multi-label": "multi_label", "multiple-choice": "choice",
+               "answer": "squad", "tag": "tagging"}
     for name, run in predictors.items():
-        assert run.__module__ == TASKS[name].module
+        assert run.__module__ == f"bertforge.tasks.{modules[name]}"
 
 
 def test_checkpoint_to_task_for_each_head(tiny_dirs):

@@ -77,8 +77,7 @@ def predict_toy(args: argparse.Namespace) -> None:
 
 TOY = TaskFamily(
     name="toy", aliases=("toy-task",), head=BertForSequenceClassification,
-    architectures=("BertForSequenceClassification",), module=__name__, reader=read_toy_file,
-    features=convert_examples_to_features,
+    architectures=("BertForSequenceClassification",), reader=read_toy_file,
     finetune=(FinetuneCommand("toy", "a toy classification task", add_toy_flags, toy_from_args,
                               dict(lr=1e-3, batch_size=4, max_seq_length=32, epochs=2.0), after=toy_after),),
     predict=PredictCommand(predict_toy, add_toy_predict_flags),
@@ -171,13 +170,13 @@ def tiny_dirs_like(tiny_dir):
 
 def test_a_name_means_one_family(toy_family):
     clash = TaskFamily(name="other", aliases=("ner",), head=BertForSequenceClassification,
-                       architectures=("BertForSequenceClassification",), module=__name__)
+                       architectures=("BertForSequenceClassification",))
     with pytest.raises(ValueError, match="'ner' of 'other' already names 'tag'"):
         register_family(clash)
     command = FinetuneCommand("glue", "again", add_toy_flags, toy_from_args)
     with pytest.raises(ValueError, match="`bertforge finetune glue` is taken already"):
         register_family(TaskFamily(name="other", aliases=(), head=BertForSequenceClassification,
-                                   architectures=(), module=__name__, finetune=(command,)))
+                                   architectures=(), finetune=(command,)))
     with pytest.raises(ValueError, match="registered already"):
         register_family(TOY)
     with pytest.raises(ValueError, match="built-in"):
