@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..metrics.squad import evaluate_v1, evaluate_v2, squad_metrics
-from ..tasks.squad import ANSWER_RECIPE, answer_recipe, keep_tuned_threshold, predict_logits, teacher_version
+from ..tasks.answer import ANSWER_RECIPE, answer_recipe, keep_tuned_threshold, predict_logits, teacher_version
 from ..tasks.squad_data import SquadSettings, check_alignment, collate, convert_examples_to_features, read_squad_file
 from ..tasks.squad_postprocess import postprocess, write_squad_predictions
 from ..tokenization import BertTokenizer

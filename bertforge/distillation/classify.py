@@ -42,7 +42,7 @@ import torch
 from .._files import read_text
 from ..metrics.glue import glue_metrics, main_metric
 from ..modeling.pretrained import resolve_model_dir
-from ..tasks.classification import classification_task, classify_metrics, logits_to_predictions, predict_features
+from ..tasks.classify import classification_task, classify_metrics, logits_to_predictions, predict_features
 from ..tasks.classify_features import convert_examples_to_features, pad_batch
 from ..tasks.classify_reader import InputExample
 from ..tasks.glue_data import TaskSpec, get_task, read_glue_file

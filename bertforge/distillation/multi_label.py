@@ -34,7 +34,7 @@ import torch
 
 from ..modeling import BertConfig
 from ..modeling.heads import MULTI_LABEL
-from ..tasks.classification import predict_features
+from ..tasks.classify import predict_features
 from ..tasks.multi_label import (TASK_NAME, THRESHOLD_KEY, THRESHOLDS_KEY, convert_examples, label_thresholds,
                                  multi_hot, multi_label_metrics, sigmoid, tune_thresholds, write_dev_predictions)
 from ..tasks.multi_label_reader import MultiLabelExample

@@ -46,7 +46,7 @@ from ..modeling.modes import evaluating
 from ..tasks.conll import (CONFIG_DOCUMENT_CONTEXT, CONFIG_MAX_SEQ_LENGTH, DEV_PREDICTIONS, IGNORE_INDEX, TASK_NAME,
                            Sentence, build_windows, collate_windows, ner_metrics, word_piece_ids,
                            write_conll)
-from ..tasks.tagging import predict_window_tags
+from ..tasks.tag import predict_window_tags
 from ..tokenization import BertTokenizer
 from .augment import augmented_transfer
 from .distiller import Adaptor, DistillRun, Terms

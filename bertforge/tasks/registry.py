@@ -48,8 +48,8 @@ from ..modeling import (
 )
 from ..modeling.pretrained import resolve_model_dir
 from ..training.finetune import FinetuneTask
-from . import (choice, classification, classify_reader, conll, embed, glue, glue_data, multi_label,
-               multi_label_reader, squad, squad_data, tagging)
+from . import (answer, classify, classify_reader, conll, embed, glue, glue_data, multi_label, multi_label_reader,
+               multiple_choice, squad_data, tag)
 
 
 @dataclass(frozen=True)
@@ -196,11 +196,11 @@ FAMILIES: tuple[TaskFamily, ...] = (
                             glue.glue_from_args, dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
                             after=glue.glue_after),
             FinetuneCommand("classify", "your own CSV/TSV/JSONL: columns text, [text_pair], label",
-                            classification.add_classify_flags, classification.classify_from_args,
+                            classify.add_classify_flags, classify.classify_from_args,
                             dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
-                            after=classification.classify_after),
+                            after=classify.classify_after),
         ),
-        predict=PredictCommand(classification.predict_from_args, classification.add_predict_flags),
+        predict=PredictCommand(classify.predict_from_args, classify.add_predict_flags),
         # GLUE task names (and their aliases) resolve here too: a GLUE model records its task's name.
         problem_types=("single_label_classification", "regression"),
         distill=Distillation("bertforge.distillation.classify:ClassifyAdaptor", _CLASSIFIER,
@@ -227,16 +227,16 @@ FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="multiple-choice", aliases=("multiple_choice", "choice", "swag"),
         head=BertForMultipleChoice, architectures=("BertForMultipleChoice",),
-        reader=choice.read_swag_file,
-        pipeline_class="bertforge.serving.pipelines.choice:MultipleChoicePipeline",
+        reader=multiple_choice.read_swag_file,
+        pipeline_class="bertforge.serving.pipelines.multiple_choice:MultipleChoicePipeline",
         finetune=(
             FinetuneCommand("multiple-choice", "SWAG-layout CSV (sent1, sent2, ending0..3, label); paper defaults: "
-                            "batch 16, 3 epochs, lr 2e-5", choice.add_multiple_choice_flags,
-                            choice.multiple_choice_from_args,
+                            "batch 16, 3 epochs, lr 2e-5", multiple_choice.add_multiple_choice_flags,
+                            multiple_choice.multiple_choice_from_args,
                             dict(lr=2e-5, batch_size=16, max_seq_length=128, epochs=3.0),
-                            after=choice.multiple_choice_after),
+                            after=multiple_choice.multiple_choice_after),
         ),
-        predict=PredictCommand(choice.predict_from_args), finetuning_tasks=(choice.TASK_NAME,),
+        predict=PredictCommand(multiple_choice.predict_from_args), finetuning_tasks=(multiple_choice.TASK_NAME,),
     ),
     TaskFamily(
         name="answer", aliases=("question-answering", "qa", "squad"),
@@ -245,15 +245,15 @@ FAMILIES: tuple[TaskFamily, ...] = (
         finetune=(
             # lr 5e-5 and seq 384 as Google's run_squad.py; batch size and epochs per --version (squad_from_args)
             FinetuneCommand("squad", "SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
-                            "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)", squad.add_squad_flags,
-                            squad.squad_from_args, dict(lr=5e-5, batch_size=None, max_seq_length=384, epochs=None),
-                            check=squad.check_squad_args, after=squad.squad_after, recipe_for=squad.squad_recipe),
+                            "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)", answer.add_squad_flags,
+                            answer.squad_from_args, dict(lr=5e-5, batch_size=None, max_seq_length=384, epochs=None),
+                            check=answer.check_squad_args, after=answer.squad_after, recipe_for=answer.squad_recipe),
         ),
-        predict=PredictCommand(squad.predict_from_args, squad.add_predict_flags, own_files=True,
+        predict=PredictCommand(answer.predict_from_args, answer.add_predict_flags, own_files=True,
                                selected_by=("question",)),
         finetuning_tasks=("squad", "squad_v2"),
         distill=Distillation("bertforge.distillation.answer:AnswerAdaptor", ("qa_outputs.weight", "qa_outputs.bias"),
-                             squad.answer_recipe, options=("version", "doc_stride", "tune_threshold"),
+                             answer.answer_recipe, options=("version", "doc_stride", "tune_threshold"),
                              intermediate=True, head_proves_training=True),
     ),
     TaskFamily(
@@ -263,13 +263,13 @@ FAMILIES: tuple[TaskFamily, ...] = (
         finetune=(
             # lr and epochs per approach (ner_from_args): fine-tuning 5e-5 and 3, the BiLSTM 1e-3 and 4.
             FinetuneCommand("ner", "CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, 3 epochs, "
-                            "lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)", tagging.add_ner_flags,
-                            tagging.ner_from_args, dict(lr=None, batch_size=16, max_seq_length=128, epochs=None),
-                            after=tagging.ner_after, recipe_for=tagging.ner_recipe),
+                            "lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)", tag.add_ner_flags,
+                            tag.ner_from_args, dict(lr=None, batch_size=16, max_seq_length=128, epochs=None),
+                            after=tag.ner_after, recipe_for=tag.ner_recipe),
         ),
-        predict=PredictCommand(tagging.predict_from_args, tagging.add_predict_flags),
+        predict=PredictCommand(tag.predict_from_args, tag.add_predict_flags),
         finetuning_tasks=(conll.TASK_NAME,),
-        distill=Distillation("bertforge.distillation.tag:TagAdaptor", _CLASSIFIER, tagging.FINE_TUNING_RECIPE,
+        distill=Distillation("bertforge.distillation.tag:TagAdaptor", _CLASSIFIER, tag.FINE_TUNING_RECIPE,
                              intermediate=True, augment=True, head_proves_training=True),
     ),
     TaskFamily(

@@ -58,9 +58,10 @@ def test_each_family_is_declared_once_and_complete():
         # A family that shares its head with another (multi-label: classify's) resolves by its names only.
         assert not family.architectures or family.architectures[0] == family.head.__name__
         assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
-        if family.pipeline_class:  # the family whose pipeline it is: the class is named after it
+        if family.pipeline_class:  # the family whose pipeline it is: the class and its module are named after it
             assert family_pipeline(family) is PIPELINES[family.pipeline]
             assert family_pipeline(family).task == family.pipeline == family.name
+            assert family_pipeline(family).__module__ == f"bertforge.serving.pipelines.{family.name.replace('-', '_')}"
 
 
 def sub_commands(parser: argparse.ArgumentParser, *path: str) -> list[str]:
@@ -89,10 +90,8 @@ def test_the_cli_is_built_from_the_registry():
     predictors = {name: TASKS[name].predict.run for name in ("classify", "multi-label", "multiple-choice", "answer",
                                                              "tag")}
     assert len(set(predictors.values())) == 5  # one each, from the family's own module
-    modules = {"classify": "classification", "multi-label": "multi_label", "multiple-choice": "choice",
-               "answer": "squad", "tag": "tagging"}
-    for name, run in predictors.items():
-        assert run.__module__ == f"bertforge.tasks.{modules[name]}"
+    for name, run in predictors.items():  # one name per family: its module is named after it
+        assert run.__module__ == f"bertforge.tasks.{name.replace('-', '_')}"
 
 
 def test_checkpoint_to_task_for_each_head(tiny_dirs):
@@ -150,3 +149,16 @@ def test_finetuning_task_first_then_problem_type_then_head(tiny_dirs, tmp_path):
 def test_a_checkpoint_without_config_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         task_for_checkpoint(tmp_path)
+
+
+def test_the_old_module_names_are_the_same_modules():
+    """Modules follow the canonical family names; the old names stay importable as the same module objects
+    (so `from bertforge.tasks.squad import squad_task` and a monkeypatch on either name still work)."""
+    import importlib
+
+    for old, new in (("bertforge.tasks.squad", "bertforge.tasks.answer"),
+                     ("bertforge.tasks.tagging", "bertforge.tasks.tag"),
+                     ("bertforge.tasks.classification", "bertforge.tasks.classify"),
+                     ("bertforge.tasks.choice", "bertforge.tasks.multiple_choice"),
+                     ("bertforge.serving.pipelines.choice", "bertforge.serving.pipelines.multiple_choice")):
+        assert importlib.import_module(old) is importlib.import_module(new), old

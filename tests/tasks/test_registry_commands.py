@@ -14,7 +14,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.modeling import BertForSequenceClassification, load_for_inference
 from bertforge.serving.registry import pipeline_for_checkpoint, resolve_task
-from bertforge.tasks.classification import classification_task, predict_examples
+from bertforge.tasks.classify import classification_task, predict_examples
 from bertforge.tasks.classify_features import convert_examples_to_features
 from bertforge.tasks.classify_reader import InputExample
 from bertforge.tasks.registry import (FinetuneCommand, PredictCommand, TaskFamily, family_for_checkpoint,

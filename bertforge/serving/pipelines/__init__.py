@@ -5,10 +5,11 @@
     >>> fill(["Paris is the [MASK] of France."], top_k=3)
 
 One module per concern: `base` (the `Pipeline` class: tokenize, batch, run, postprocess, and the
-server's request schema), one module per pipeline (`fill_mask`, `classify`, `embed`, `tag`,
-`answer`, `choice`), the graphs they run (`bertforge.serving.graphs`), the PyTorch runner
-(`bertforge.serving.runner`), entity grouping (`bertforge.serving.entities`) and the lookup of a task's
-class (`bertforge.serving.registry`: the task family's `pipeline_class`, from `bertforge.tasks.registry`).
+server's request schema), one module per pipeline, named after its family (`fill_mask`, `classify`,
+`embed`, `tag`, `answer`, `multiple_choice`; `choice` is the last one's old name, an alias), the graphs
+they run (`bertforge.serving.graphs`), the PyTorch runner (`bertforge.serving.runner`), entity grouping
+(`bertforge.serving.entities`) and the lookup of a task's class (`bertforge.serving.registry`: the task
+family's `pipeline_class`, from `bertforge.tasks.registry`).
 Every name this module had when it was one file stays importable from here.
 
 The graph a pipeline runs (`Pipeline.build_graph`) is one `nn.Module` per task with plain tensors in
@@ -32,7 +33,7 @@ from ..registry import (PIPELINES, pipeline_class, pipeline_for_checkpoint, regi
 from ..runner import Batch, Runner, TorchRunner
 from .answer import AnswerPipeline
 from .base import BASE_INPUTS, MASK_TOKEN, Feature, Pipeline, PipelineInputError, check_texts, windows
-from .choice import MultipleChoicePipeline, predict_multiple_choice
+from .multiple_choice import MultipleChoicePipeline, predict_multiple_choice
 from .classify import ClassifyPipeline
 from .embed import EmbedPipeline
 from .fill_mask import FillMaskPipeline
