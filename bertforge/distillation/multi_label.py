@@ -26,7 +26,6 @@ judged by that agreement on the training file, and keeps the teacher's threshold
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np

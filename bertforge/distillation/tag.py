@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import os
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np

@@ -18,7 +18,6 @@ from bertforge.cli import main
 from bertforge.distillation import augment as augment_module
 from bertforge.distillation import binary_label_loss, distill_task, soft_binary_target_loss
 from bertforge.distillation import classify as classify_distiller
-from bertforge.distillation import multi_label as multi_label_distiller
 from bertforge.distillation.augment import (MASK, AugmentRates, MaskedLmCandidates, augment_texts, check_masked_lm,
                                             unigram_words)
 from bertforge.modeling import BertConfig, BertForMaskedLM, BertForSequenceClassification
