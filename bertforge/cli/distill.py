@@ -5,8 +5,8 @@ registry); the student is the teacher with fewer layers (--layers N, DistilBERT'
 preset size, or a checkpoint with the teacher's vocabulary (--student; its own with --student-vocab).
 --intermediate adds TinyBERT's hidden-state / attention-map terms (`distillation.intermediate`). The
 shared fine-tuning flags (--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are
-`finetune`'s, at the recipe of the teacher's family (its `Distillation.recipe` in the task registry,
-resolved once by `check` into `args.distill_settings` for the flags not given).
+`finetune`'s, at the recipe of the teacher's family (its `Distillation.recipe` in the task registry:
+`settings` gives the run's values for the flags not given; the parsed flags are never overwritten).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def check(args: argparse.Namespace) -> None:
         if getattr(args, dest, None) is not None and dest not in distillation.options:
             raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
     args.family_options = {dest: getattr(args, dest, None) for dest in distillation.options}
-    settings(args, distillation, config)  # the recipe resolves for this teacher (SQuAD: --version agrees)
+    settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
     for flag, path in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{flag} {path}: no such file")
