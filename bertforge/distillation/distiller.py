@@ -107,8 +107,9 @@ class Adaptor(abc.ABC):
     data and builds the rows).
 
     Declared by the class: `what` and `inputs` (the cache key's name of the outputs and the feature
-    fields they depend on), `per_row` (every stored array
-    has one row per feature: checked when read back), `objective` (distillation.json's words).
+    fields they depend on), `per_row` (every stored array has one row per feature: checked when read
+    back), `objective` (distillation.json's words). The teacher's and the student's head class is the
+    family's (`TaskFamily.head`).
     Set by `__init__`: `name` (the student's finetuning task, the run's name), `teacher_task` (the task
     the teacher loads for), `tokenizer`, `pad_id`, `teacher_pad_id`, `features` (the transfer rows the
     student trains on, each with "index": its row of the teacher's outputs), `teacher_features` (the rows
