@@ -301,7 +301,7 @@ class Sides:
 
 
 def classification_step(model, batch: dict[str, torch.Tensor]):
-    """The fine-tuning step's loss (what `tasks/classification.py`'s step computes for two labels)."""
+    """The fine-tuning step's loss (what `tasks/classify.py`'s step computes for two labels)."""
     out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                 attention_mask=batch["attention_mask"], labels=batch["labels"])
     return out.loss, {}

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from bertforge.metrics.glue import glue_metrics
     from bertforge.modeling import BertForSequenceClassification, optimize_for_inference
-    from bertforge.tasks.classification import logits_to_predictions, predict_features
+    from bertforge.tasks.classify import logits_to_predictions, predict_features
     from bertforge.tasks.classify_features import convert_examples_to_features
     from bertforge.tasks.glue_data import get_task, read_glue_examples
     from bertforge.tokenization import BertTokenizer

@@ -5,7 +5,7 @@ and times turning every question into model windows at run_squad's defaults (384
 stride 128, questions cut at 64 tokens), training style (answer positions aligned) and evaluation
 style (offsets kept for postprocessing):
 
-* bertforge: `bertforge.tasks.squad.convert_examples_to_features` (each passage tokenized once for
+* bertforge: `bertforge.tasks.answer.convert_examples_to_features` (each passage tokenized once for
   all of its questions);
 * the peer: `prepare_train_features` / `prepare_validation_features` of Hugging Face's
   `examples/pytorch/question-answering/run_qa.py`, as `benchmarks/squad_peer.py` reproduces them,

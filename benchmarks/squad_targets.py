@@ -3,7 +3,7 @@
 Two checks on the same questions, for each `--input` file (default: the shared v1.1 and v2.0 train
 files), at run_squad's defaults (384 tokens, doc stride 128, questions cut at 64 tokens):
 
-1. Training targets. bertforge's windows and start/end targets (`bertforge.tasks.squad.
+1. Training targets. bertforge's windows and start/end targets (`bertforge.tasks.answer.
    convert_examples_to_features`) and the peer's (`prepare_train_features` of Hugging Face's
    run_qa.py as `benchmarks/squad_peer.py` reproduces it, transformers' fast tokenizer of the same
    vocabulary). Each window's target is mapped back to the characters of the passage and compared
@@ -45,7 +45,7 @@ from _common import log, quiet_libraries  # noqa: E402
 from squad_peer import postprocess_qa_predictions, prepare_train_features, prepare_validation_features  # noqa: E402
 
 from bertforge.metrics.squad import normalize_answer  # noqa: E402
-from bertforge.tasks.squad import predict_logits  # noqa: E402
+from bertforge.tasks.answer import predict_logits  # noqa: E402
 from bertforge.tasks.squad_data import SquadSettings, convert_examples_to_features, read_squad_file  # noqa: E402
 from bertforge.tasks.squad_postprocess import postprocess  # noqa: E402
 from bertforge.tokenization import BertTokenizer  # noqa: E402

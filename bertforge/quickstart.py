@@ -34,7 +34,7 @@ from .pretraining import prepare_pretraining
 from .pretraining.dataset import PretrainingDataset, collate
 from .pretraining.objectives import unmasked_input_ids
 from .pretraining.trainer import PretrainingArguments, run_pretraining
-from .tasks.classification import classification_task, classify_metrics
+from .tasks.classify import classification_task, classify_metrics
 from .tasks.classify_reader import InputExample
 from .tasks.embed import extract_features
 from .tokenization import BertTokenizer, train_vocab

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bertforge.pretraining.text import split_sentences, text_paragraphs  # noqa: E402
-from bertforge.tasks.choice import ChoiceExample, write_swag_file  # noqa: E402
+from bertforge.tasks.multiple_choice import ChoiceExample, write_swag_file  # noqa: E402
 
 DEFAULT_BOOKS = REPO / ".." / "shared" / "data" / "pretraining" / "books"
 

@@ -82,7 +82,7 @@ def test_predict_answers_are_strict_json_and_an_empty_context_is_refused(models,
     assert main(["predict", "--model", str(models["squad"]), "--question", "Who?", "--context", ""]) == 2
     assert "error: --context is empty" in _error(capsys)
 
-    from bertforge.tasks.squad import answer_questions
+    from bertforge.tasks.answer import answer_questions
     from bertforge.tasks.squad_postprocess import json_text
 
     with pytest.raises(ValueError, match="context 1 is empty"):
@@ -154,7 +154,7 @@ LATIN1 = "caf\xe9".encode("latin-1")  # 0xe9: not UTF-8
                  b"0,v,1,s,a,b,gold," + LATIN1 + b",e1,e2,e3,0\n", 2),
 ])
 def test_every_reader_names_file_and_line_of_an_undecodable_byte(name, content, line, tmp_path):
-    from bertforge.tasks.choice import read_swag_file
+    from bertforge.tasks.multiple_choice import read_swag_file
     from bertforge.tasks.classify_reader import read_classify_file
     from bertforge.tasks.glue_data import read_glue_examples
     from bertforge.tasks.squad_data import read_squad_file

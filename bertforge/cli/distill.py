@@ -5,8 +5,8 @@ registry); the student is the teacher with fewer layers (--layers N, DistilBERT'
 preset size, or a checkpoint with the teacher's vocabulary (--student; its own with --student-vocab).
 --intermediate adds TinyBERT's hidden-state / attention-map terms (`distillation.intermediate`). The
 shared fine-tuning flags (--lr, --epochs, --seeds, --lr-grid, --precision, --resume, ...) are
-`finetune`'s, at the recipe of the teacher's family (`DISTILLERS[family].recipe`, filled in by `check`
-for the flags not given).
+`finetune`'s, at the recipe of the teacher's family (its `Distillation.recipe` in the task registry:
+`settings` gives the run's values for the flags not given; the parsed flags are never overwritten).
 """
 
 from __future__ import annotations
@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 from ..distillation import distill_task
 from ..distillation.augment import check_masked_lm
 from ..distillation.run import check_augmentable, check_options, check_teacher
+from ..modeling import BertConfig
 from ..modeling.pretrained import resolve_model_dir
+from ..tasks.registry import Distillation
 from ..training import finetune as engine  # engine.finetune_grid: looked up per run, as `finetune` does
 from ._common import expand, report_finetune
 from .finetune import _add_finetune_flags, _arguments, _grid
@@ -66,7 +69,7 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "a word drawn from the training text)")
     p.add_argument("--cache-dir", help="where the teacher's outputs are kept (default: OUT/teacher_outputs; name "
                    "one directory for several students of one teacher to compute them once)")
-    # the answer family's own flags (a SQuAD teacher): Distiller.options
+    # the answer family's own flags (a SQuAD teacher): its Distillation.options
     p.add_argument("--version", choices=("1.1", "2.0"), help="a SQuAD teacher whose config.json does not say its "
                    "version: 2.0 has unanswerable questions (default: the teacher's, else 1.1)")
     p.add_argument("--doc-stride", type=int, help="a SQuAD teacher: tokens between the starts of passage windows "
@@ -102,28 +105,32 @@ def check(args: argparse.Namespace) -> None:
         raise ValueError(f"--intermediate-weight must be 0 or more, got {args.intermediate_weight:g}")
     if args.labels_only and args.intermediate is not None:
         raise ValueError("--labels-only with --intermediate: the control is trained on the labels alone")
-    family, distiller, config = check_teacher(args.teacher)
-    check_augmentable(family, distiller, args.augment)
+    family, distillation, config = check_teacher(args.teacher)
+    check_augmentable(family, args.augment)
     check_options(args.teacher, family, config, args.layers, args.student, intermediate=args.intermediate,
                   layer_map=args.layer_map, student_vocab=args.student_vocab)
     for dest, flag in FAMILY_FLAGS.items():
-        if getattr(args, dest, None) is not None and dest not in distiller.options:
+        if getattr(args, dest, None) is not None and dest not in distillation.options:
             raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
-    args.family_options = {dest: getattr(args, dest, None) for dest in distiller.options}
-    # the teacher's family's defaults for the flags not given (SQuAD: per version)
-    recipe = distiller.recipe_of(config, args.family_options)
-    args.lr = args.lr if args.lr is not None else recipe["lr"]
-    args.batch_size = args.batch_size if args.batch_size is not None else recipe["batch_size"]
-    args.recipe_epochs = recipe["epochs"]
-    if args.max_seq_length is None:  # the recipe's, or fewer for a teacher with fewer positions
-        args.max_seq_length = min(recipe["max_seq_length"], config.max_position_embeddings)
-    if args.max_seq_length > config.max_position_embeddings:
-        raise ValueError(f"--max-seq-length {args.max_seq_length} exceeds the {config.max_position_embeddings} "
-                         f"positions of {args.teacher}")
+    args.family_options = {dest: getattr(args, dest, None) for dest in distillation.options}
+    settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
     for flag, path in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{flag} {path}: no such file")
     args.unlabeled_files = expand(args.unlabeled)
+
+
+def settings(args: argparse.Namespace, distillation: Distillation, config: BertConfig) -> dict[str, Any]:
+    """The shared settings of the run: the flags given, else the teacher's family's recipe (SQuAD: per
+    version; --max-seq-length: the recipe's, or fewer for a teacher with fewer positions). ValueError for a
+    --max-seq-length beyond the teacher's positions."""
+    recipe = distillation.recipe_of(config, args.family_options)
+    max_seq_length = args.max_seq_length if args.max_seq_length is not None else \
+        min(recipe["max_seq_length"], config.max_position_embeddings)
+    if max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"--max-seq-length {max_seq_length} exceeds the {config.max_position_embeddings} "
+                         f"positions of {args.teacher}")
+    return dict(recipe, max_seq_length=max_seq_length)
 
 
 def _transfer_options(args: argparse.Namespace) -> dict:
@@ -138,12 +145,14 @@ def _transfer_options(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> None:
+    _, distillation, config = check_teacher(args.teacher)  # config.json and the weights' header: milliseconds
+    recipe = settings(args, distillation, config)
     augmentation = dict(augment=args.augment, augment_seed=args.augment_seed, augment_mlm=args.augment_mlm) \
-        if args.augment else {}  # only for the families that take them (`Distiller.augmentable`)
+        if args.augment else {}  # only for the families that take them (`Distillation.augment`)
     task = distill_task(args.teacher, args.train_file, output_dir=args.output_dir, layers=args.layers,
                         student=args.student, dev_file=args.dev_file, unlabeled=args.unlabeled_files,
-                        temperature=args.temperature, alpha=args.alpha, max_seq_length=args.max_seq_length,
+                        temperature=args.temperature, alpha=args.alpha, max_seq_length=recipe["max_seq_length"],
                         eval_batch_size=args.eval_batch_size, cache_dir=args.cache_dir, labels_only=args.labels_only,
                         device=args.device, **args.family_options, **_transfer_options(args), **augmentation)
-    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
+    results = engine.finetune_grid(task, _arguments(args, recipe), *_grid(args))
     report_finetune(results, args.output_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ..tasks.registry import FinetuneCommand, finetune_commands
 from ..training import finetune as engine  # engine.finetune_grid: looked up per run, so a test can stand in for it
@@ -80,25 +81,30 @@ def run(args: argparse.Namespace) -> None:
     """Any `finetune` sub-command: its task from the flags, the shared engine (a learning-rate grid and
     seeds when asked), the report, then what the command does with the best model (`after`)."""
     command: FinetuneCommand = args.finetune_command
-    task = command.task(args)  # may fill the recipe's open values (lr, batch size, recipe_epochs)
-    results = engine.finetune_grid(task, _arguments(args), *_grid(args))
+    recipe = command.recipe_of(args)  # per version, approach, ...: resolved once, kept out of the flags
+    task = command.task(args)
+    results = engine.finetune_grid(task, _arguments(args, recipe), *_grid(args))
     report_finetune(results, args.output_dir)
     if command.after is not None:
         command.after(args)
 
 
-def _arguments(args: argparse.Namespace, epochs: float | None = None) -> FinetuneArguments:
-    """FinetuneArguments from the flags `_add_finetune_flags` defines; `epochs`: the task's recipe, when
-    --epochs is not given (default: the command's, `args.recipe_epochs`, else FinetuneArguments' own).
+def _arguments(args: argparse.Namespace, recipe: dict[str, Any] | None = None) -> FinetuneArguments:
+    """FinetuneArguments from the flags `_add_finetune_flags` defines; `recipe`: the run's resolved recipe,
+    whose lr and batch_size fill the flags left None, and whose epochs are used when --epochs is not given
+    (default: the command's, `args.recipe_epochs`, else FinetuneArguments' own).
     --max-steps wins over the epochs (the engine's rule); given with --epochs too, that is said on stderr."""
+    recipe = recipe or {}
+    values = {k: recipe[k] for k in ("lr", "batch_size") if recipe.get(k) is not None and getattr(args, k) is None}
+    epochs = recipe.get("epochs")
     if epochs is None:
         epochs = getattr(args, "recipe_epochs", None)
     if args.max_steps is not None and args.epochs is not None:
         print(f"bertforge {getattr(args, 'command', 'finetune')}: note: --max-steps {args.max_steps} wins over --epochs {args.epochs:g}: "
               f"training runs {args.max_steps} steps", file=sys.stderr)
     if args.epochs is not None or epochs is None:
-        return settings_from_args(FinetuneArguments, args)  # --epochs, or the settings' default
-    return settings_from_args(FinetuneArguments, args, epochs=epochs)
+        return settings_from_args(FinetuneArguments, args, **values)  # --epochs, or the settings' default
+    return settings_from_args(FinetuneArguments, args, epochs=epochs, **values)
 
 
 def _grid(args: argparse.Namespace) -> tuple[list[float] | None, list[int] | None]:

@@ -34,7 +34,7 @@ from pathlib import Path
 from .._files import write_text_atomic
 from ..corpus import Play
 from ..quickstart import HELD_OUT, genre_passages
-from ..tasks.choice import ChoiceExample, write_swag_file
+from ..tasks.multiple_choice import ChoiceExample, write_swag_file
 from ..tasks.classify_reader import InputExample
 
 TASK_NAMES = ("genre", "reply", "continuation", "names")

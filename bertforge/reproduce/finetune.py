@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Callable
 
 from .._files import write_text_atomic
-from ..tasks.choice import multiple_choice_task
-from ..tasks.classification import classification_task, classify_metrics
+from ..tasks.multiple_choice import multiple_choice_task
+from ..tasks.classify import classification_task, classify_metrics
 from ..tasks.conll import prepare_ner_data, read_conll
 from ..metrics.glue import main_metric
 from ..tasks.feature_based import feature_ner_task
 from ..tasks.glue import glue_task
-from ..tasks.tagging import ner_task
+from ..tasks.tag import ner_task
 from ..training.finetune import FinetuneArguments, FinetuneTask, finetune
 from .heads import CONFIG_HIDDEN, BertBiLSTMForTokenClassification, pool_bilstm, pool_last_token
 from .downstream import METRIC, TaskFiles, read_jsonl_examples

@@ -3,7 +3,7 @@
 The server (`bertforge.serving.server`) needs the `serve` extra and is imported only when used;
 ONNX export and the onnxruntime backend (`bertforge.serving.onnx`) import the `onnx` extra's
 packages only when called. Which pipeline serves which task comes from the task registry
-(`bertforge.tasks.registry`, bound to the classes in `bertforge.serving.registry`).
+(`bertforge.tasks.registry`: each family's `pipeline_class`, imported by `bertforge.serving.registry`).
 """
 
 from .pipelines import (

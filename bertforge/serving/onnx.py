@@ -35,7 +35,7 @@ from torch import nn
 from .._files import atomic_open
 from ..modeling import BertModel
 from ..modeling.modes import evaluating
-from .registry import PIPELINES, pipeline_for_checkpoint, resolve_task
+from .registry import pipeline_class, pipeline_for_checkpoint, resolve_task
 from .runner import Batch
 
 
@@ -232,7 +232,7 @@ def export_onnx(model_dir: str | os.PathLike, output: str | os.PathLike | None, 
     exercised) and raises OnnxParityError, writing no file, when the largest difference exceeds `atol`.
     """
     task = resolve_task(task or pipeline_for_checkpoint(model_dir))
-    cls = PIPELINES[task]
+    cls = pipeline_class(task)
     pipe = cls(model_dir, backend="torch", device="cpu")
     model = pipe.runner.graph.model
     data = export_onnx_bytes(pipe, model, opset)

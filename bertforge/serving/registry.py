@@ -1,54 +1,88 @@
-"""Which pipeline class serves each task: the serving side of `bertforge.tasks.registry`.
+"""Which pipeline class serves each task: read from the task family, resolved here.
 
-The task registry (`bertforge.tasks.registry`) declares every task family, its aliases and the name
-of its pipeline (`TaskFamily.pipeline`: a family names its pipeline, it never imports serving); this
-module binds those names to the `Pipeline` classes (`register_pipeline`) and resolves a task name or
-a checkpoint to one through the family's entry (a multi-label family, say, served by "classify"). It
-imports no pipeline itself, so that the ONNX exporter can look pipelines up without importing the
-module that uses it (the classes register when `bertforge.serving.pipelines` is imported, which
-importing `bertforge.serving` always does).
+The task registry (`bertforge.tasks.registry`) declares every task family, its aliases, the name of
+its pipeline (`TaskFamily.pipeline`: the server's `POST /v1/<name>`, ONNX metadata) and its class as an
+import path (`TaskFamily.pipeline_class`, "module:Class": a family never imports serving). This module
+imports that class when a task or a checkpoint is resolved to it (a multi-label family, say, served by
+the classify pipeline); it keeps no table of its own. `PIPELINES` is a read-only view of the families'
+pipelines by name.
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
 from typing import Callable, TypeVar
 
-from ..tasks.registry import pipeline_for_checkpoint, resolve, task_for_checkpoint
-
-PIPELINES: dict[str, type] = {}
-_ALIASES: dict[str, str] = {}  # extra aliases given to register_pipeline beyond the task registry's
+from ..tasks.registry import TASKS, TaskFamily, pipeline_for_checkpoint, resolve, task_for_checkpoint
 
 P = TypeVar("P", bound=type)
 
 
-def register_pipeline(name: str, *aliases: str) -> Callable[[P], P]:
-    """Class decorator: make a Pipeline subclass available as `pipeline(name, ...)` (and on the server
-    as `POST /v1/<name>`). The task registry's aliases of `name` resolve to it too; `aliases` adds more
-    (for a pipeline of your own that has no task family)."""
+def register_pipeline(name: str) -> Callable[[P], P]:
+    """Class decorator: the pipeline's name (`cls.task`: `pipeline(name, ...)`, `POST /v1/<name>`, ONNX
+    metadata). The class is served for a family whose `pipeline_class` names it (`register_family` for a
+    pipeline of your own)."""
 
     def decorate(cls: P) -> P:
         cls.task = name
-        PIPELINES[name] = cls
-        for alias in aliases:
-            _ALIASES[alias] = name
         return cls
 
     return decorate
 
 
+def _families() -> dict[str, TaskFamily]:
+    """Pipeline name -> the family that declares its class (`pipeline_class`), the first in registration
+    order. A family that names another's pipeline (multi-label: "classify") is served by that class."""
+    owners: dict[str, TaskFamily] = {}
+    for family in TASKS.values():
+        if family.pipeline_class:
+            owners.setdefault(family.pipeline, family)
+    return owners
+
+
+def family_pipeline(family: TaskFamily) -> type:
+    """The `Pipeline` class a family declares (`pipeline_class`, imported). ValueError when it has none."""
+    if not family.pipeline_class:
+        raise ValueError(f"the {family.name} family has no pipeline")
+    module, _, name = family.pipeline_class.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def resolve_task(task: str) -> str:
-    """The registered pipeline name of `task`: a pipeline's own name, else the `pipeline` of the family the
-    task registry resolves `task` to (its canonical name, an alias such as "ner", "squad", "fill_mask",
-    a GLUE task ...), else an alias given to `register_pipeline`."""
-    name = task if task in PIPELINES else None
-    if name is None:
-        try:
-            name = resolve(task).pipeline
-        except ValueError:
-            name = _ALIASES.get(task, task)
-    if name not in PIPELINES:
-        raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(sorted(PIPELINES))}")
+    """The pipeline name of `task`: the `pipeline` of the family the task registry resolves `task` to (its
+    canonical name, an alias such as "ner", "squad", "fill_mask", a GLUE task ...)."""
+    try:
+        name = resolve(task).pipeline
+    except ValueError:
+        name = None
+    if name not in _families():
+        raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(sorted(_families()))}")
     return name
 
 
-__all__ = ["PIPELINES", "pipeline_for_checkpoint", "register_pipeline", "resolve_task", "task_for_checkpoint"]
+def pipeline_class(task: str) -> type:
+    """The `Pipeline` class that serves `task` (any name `resolve_task` takes)."""
+    return family_pipeline(_families()[resolve_task(task)])
+
+
+class _Pipelines(Mapping):
+    """Every pipeline by name, read from the families (`pipeline_class`, imported on access)."""
+
+    def __getitem__(self, name: str) -> type:
+        families = _families()
+        if name not in families:
+            raise KeyError(name)
+        return family_pipeline(families[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_families())
+
+    def __len__(self) -> int:
+        return len(_families())
+
+
+PIPELINES: Mapping[str, type] = _Pipelines()
+
+__all__ = ["PIPELINES", "family_pipeline", "pipeline_class", "pipeline_for_checkpoint", "register_pipeline",
+           "resolve_task", "task_for_checkpoint"]

@@ -4,7 +4,7 @@
   `bertforge.tasks.glue_data` build them too).
 * `read_classify_file(path)`: CSV, TSV or JSON-lines with `text`, optional `text_pair`, `label`.
 * `read_delimited_rows(path)`: the rows of any CSV/TSV with a header line, errors naming `file:line`
-  (the SWAG reader of `bertforge.tasks.choice` uses it too).
+  (the SWAG reader of `bertforge.tasks.multiple_choice` uses it too).
 
 Labels: a classification task has a label list (strings); a feature's label is the index into it,
 which is the id the model predicts and what `config.id2label = dict(enumerate(label_list))`

@@ -1,6 +1,6 @@
 """CoNLL data for token classification (§4.3): reader, writer, sub-word windows, batches, metrics.
 
-What fine-tuning (`bertforge.tasks.tagging`) and the feature-based approach
+What fine-tuning (`bertforge.tasks.tag`) and the feature-based approach
 (`bertforge.tasks.feature_based`) share, so that neither imports the other:
 
 * `read_conll(path)`: the CoNLL column format (`word POS chunk TAG`, whitespace-separated, a blank line

@@ -1,7 +1,7 @@
 """GLUE: the fine-tuning task of the nine GLUE tasks (`bertforge finetune glue`).
 
 The data side (the layout, the readers of every task and split, the submission writer) is
-`bertforge.tasks.glue_data`, below `bertforge.tasks.classification` which uses it.
+`bertforge.tasks.glue_data`, below `bertforge.tasks.classify` which uses it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..metrics.glue import glue_metrics, main_metric
 from ..training.finetune import FinetuneTask
-from .classification import add_long_input_flags, classification_task, predict_file
+from .classify import add_long_input_flags, classification_task, predict_file
 from .glue_data import TaskSpec, get_task, glue_task_dir, read_glue_examples
 
 __all__ = ["add_glue_flags", "glue_after", "glue_from_args", "glue_task"]

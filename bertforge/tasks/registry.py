@@ -1,15 +1,16 @@
 """The task registry: every task family bertforge knows, declared once.
 
 In the spirit of google-research/bert's `processors` dict that its `main` reads (run_classifier.py):
-each family names its canonical name and aliases, the head it fine-tunes (`head`), how its data is
-read (`reader`), turned into model inputs (`features`) and scored (`metrics`), its `bertforge finetune`
-sub-commands (`FinetuneCommand`: own flags, the `FinetuneTask` built from them, the recipe's defaults,
-what runs after training), what `bertforge predict` runs for its models (`PredictCommand`), and the
-name of its serving pipeline (`pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx --task`).
-The commands, the server, `pipeline()` and ONNX export read this table (`TASKS`, which
-`register_family` extends at run time); `family_for_checkpoint` is the one resolver from a checkpoint
-to its family. The functions an entry names live in the family's module; adding a task is that
-module and one entry (ARCHITECTURE.md, "Where to add things").
+each family (`TaskFamily`, one object) names its canonical name and aliases, the head it fine-tunes,
+distils and serves (`head`), how its data is read (`reader`), its `bertforge finetune` sub-commands
+(`FinetuneCommand`: own flags, the `FinetuneTask` built from them, the recipe, what runs after
+training), what `bertforge predict` runs for its models (`PredictCommand`), its serving pipeline (its
+name: `pipeline("...")`, `POST /v1/<name>`, `bertforge export-onnx --task`; its class by import path)
+and how `bertforge distill` takes its teachers (`Distillation`: the adaptor the general distiller runs,
+the recipe, what it supports). Every command, the server, `pipeline()`, ONNX export and the distiller
+read this list (`TASKS`, which `register_family` extends at run time); no other table keyed by a
+family's name exists. `family_for_checkpoint` is the one resolver from a checkpoint to its family.
+Adding a task is the family's module and one entry (ARCHITECTURE.md, "Where to add things").
 
 Canonical names. One name per concept, and it is the name of what the model *does*, not of a
 data set or of one use of a head: `classify`, `multiple-choice`, `answer`, `tag`, `embed`,
@@ -36,9 +37,8 @@ from typing import Any, Callable
 from torch import nn
 
 from .._files import check_finished, read_text
-from ..metrics.glue import accuracy
-from ..metrics.squad import squad_metrics
 from ..modeling import (
+    BertConfig,
     BertForMaskedLM,
     BertForMultipleChoice,
     BertForQuestionAnswering,
@@ -48,8 +48,8 @@ from ..modeling import (
 )
 from ..modeling.pretrained import resolve_model_dir
 from ..training.finetune import FinetuneTask
-from . import (choice, classification, classify_features, classify_reader, conll, embed, glue, glue_data, multi_label,
-               multi_label_reader, squad, squad_data, tagging)
+from . import (answer, classify, classify_reader, conll, embed, glue, glue_data, multi_label, multi_label_reader,
+               multiple_choice, squad_data, tag)
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,11 @@ class FinetuneCommand:
     name / help: the sub-command and its --help line.
     add_flags(parser): the command's OWN flags (data files, options); the flags every task shares
         (--model, --output-dir, --lr, --lr-grid, --seeds, --epochs, ...) are the CLI's.
-    task(args): the `FinetuneTask` from the parsed flags. It may fill the shared settings the recipe
-        leaves None from the command's own flags (`args.lr`, `args.batch_size`, and `args.recipe_epochs`,
-        the epochs used when --epochs is not given): SQuAD's depend on --version, NER's on the approach.
-    recipe: the defaults of shared flags: `lr`, `batch_size`, `max_seq_length`, `epochs` (None: task() decides).
+    task(args): the `FinetuneTask` from the parsed flags; it never writes into them.
+    recipe: the defaults of shared flags: `lr`, `batch_size`, `max_seq_length`, `epochs` (None: `recipe_for`
+        decides).
+    recipe_for(args): the recipe for these flags when it depends on them (SQuAD's on --version, NER's on the
+        approach); its values fill `recipe`'s (`recipe_of`: resolved once, by the CLI, per run).
     check(args): judges the flags together before any model is fetched or loads (optional).
     after(args): runs once training is done, e.g. a test file predicted with the best model in OUT (optional).
     """
@@ -74,6 +75,11 @@ class FinetuneCommand:
     recipe: dict[str, Any] = field(default_factory=dict)
     check: Callable[[argparse.Namespace], None] | None = None
     after: Callable[[argparse.Namespace], None] | None = None
+    recipe_for: Callable[[argparse.Namespace], dict[str, Any]] | None = None
+
+    def recipe_of(self, args: argparse.Namespace) -> dict[str, Any]:
+        """The recipe of one run: `recipe`, with `recipe_for(args)`'s values."""
+        return {**self.recipe, **(self.recipe_for(args) if self.recipe_for is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -96,37 +102,76 @@ class PredictCommand:
 
 
 @dataclass(frozen=True)
+class Distillation:
+    """How `bertforge distill` takes a family's teachers. The work is the general distiller's
+    (`bertforge.distillation.distiller`); the family enters only as its adaptor, named here by import path
+    ("module:Class") and resolved by the distillation layer (tasks never import it).
+
+    adaptor: the family's `Adaptor` (what the teacher's outputs are, how they are cached, the soft-target
+        loss, the collate of the teacher's targets, the agreement metric, the after-step).
+    head_tensors: tensor names (as the head class saves them) a fine-tuned teacher holds; their absence
+        means the head was never trained.
+    recipe: the defaults of the shared flags (lr, batch_size, max_seq_length, epochs), or a function of the
+        teacher's config and the family's `options` when they depend on it (SQuAD's on its version).
+    options: the family's own `distill` flags (their `dest`, e.g. the answer family's version and
+        doc_stride); refused for a teacher of another family.
+    intermediate: takes TinyBERT's intermediate-layer terms (--intermediate).
+    student_vocab: a student with its own vocabulary (--student-vocab: sentence-level outputs only; a
+        per-token or span output would need an alignment of the two tokenizations).
+    augment: its transfer set takes augmented copies of the training text (--augment).
+    head_proves_training: a checkpoint whose config.json records no training (no finetuning_task, no
+        problem_type) is a teacher when its `head_tensors` are in its weights: transformers saves a
+        fine-tuned token-classification or question-answering model so, while its sequence classifier
+        records a problem_type on its first labelled step (one without is a head never trained).
+    """
+
+    adaptor: str
+    head_tensors: tuple[str, ...]
+    recipe: dict[str, Any] | Callable[[BertConfig, dict[str, Any]], dict[str, Any]]
+    options: tuple[str, ...] = ()
+    intermediate: bool = False
+    student_vocab: bool = False
+    augment: bool = False
+    head_proves_training: bool = False
+
+    def recipe_of(self, config: BertConfig, options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The shared flags' defaults for the teacher whose config this is (resolved once per run)."""
+        return self.recipe(config, options or {}) if callable(self.recipe) else dict(self.recipe)
+
+
+@dataclass(frozen=True)
 class TaskFamily:
     """One task family: everything the CLI, the server and `pipeline()` need to know about it.
 
     name: the canonical name.
     aliases: other names accepted anywhere a task is named (CLI commands, `finetuning_task` values
         written by older runs, Hugging Face task names, module names).
-    head: the model class fine-tuned and served; `architectures`: the config.json `architectures`
-        entries that mean this family (the head's own name first).
-    module: the `bertforge.tasks` module that implements the family.
-    reader / features / metrics: data file -> examples; examples -> features (model inputs, Google's
-        InputFeatures); (predictions, gold) -> scores.
+    head: the model class fine-tuned, distilled (the teacher's and the student's) and served;
+        `architectures`: the config.json `architectures` entries that mean this family (the head's own
+        name first).
+    reader: data file -> examples (what `distill` reads a teacher's training data with).
     finetune: its `bertforge finetune <name>` sub-commands; predict: what `bertforge predict` runs.
-    pipeline: the name of its serving pipeline (`pipeline(name)`, `POST /v1/<name>`, `export-onnx
-        --task`; default: the family's name); the pipeline classes bind to it in `bertforge.serving.registry`.
+    pipeline: the name of the pipeline that serves it (`pipeline(name)`, `POST /v1/<name>`, `export-onnx
+        --task`; default: the family's name; multi-label is served by "classify").
+    pipeline_class: that pipeline's class as an import path ("module:Class"), for the family whose pipeline
+        it is: `bertforge.serving.registry` imports it (the tasks layer never imports serving).
     finetuning_tasks: the `finetuning_task` values a fine-tuned checkpoint of this family carries.
     problem_types: the config.json `problem_type` values that mean this family.
+    distill: how `bertforge distill` takes its teachers (`Distillation`; None: not distilled yet).
     """
 
     name: str
     aliases: tuple[str, ...]
     head: type[nn.Module]
     architectures: tuple[str, ...]
-    module: str
     reader: Callable[..., Any] | None = None
-    features: Callable[..., Any] | None = None
-    metrics: Callable[..., Any] | None = None
     finetune: tuple[FinetuneCommand, ...] = ()
     predict: PredictCommand | None = None
     pipeline: str = ""
+    pipeline_class: str = ""
     finetuning_tasks: tuple[str, ...] = ()
     problem_types: tuple[str, ...] = ()
+    distill: Distillation | None = None
 
     def __post_init__(self) -> None:
         if not self.pipeline:
@@ -138,24 +183,29 @@ class TaskFamily:
         return (self.name, *self.aliases, *self.finetuning_tasks)
 
 
+_CLASSIFIER = ("classifier.weight", "classifier.bias")  # the head tensors of a trained classify or tag head
+
 FAMILIES: tuple[TaskFamily, ...] = (
     TaskFamily(
         name="classify", aliases=("classification", "text-classification", "sequence-classification", "glue"),
         head=BertForSequenceClassification, architectures=("BertForSequenceClassification",),
-        module="bertforge.tasks.classification", reader=classify_reader.read_classify_file,
-        features=classify_features.convert_examples_to_features, metrics=classification.classify_metrics,
+        reader=classify_reader.read_classify_file,
+        pipeline_class="bertforge.serving.pipelines.classify:ClassifyPipeline",
         finetune=(
             FinetuneCommand("glue", "a GLUE task (paper defaults: batch 32, 3 epochs, lr 2e-5)", glue.add_glue_flags,
                             glue.glue_from_args, dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
                             after=glue.glue_after),
             FinetuneCommand("classify", "your own CSV/TSV/JSONL: columns text, [text_pair], label",
-                            classification.add_classify_flags, classification.classify_from_args,
+                            classify.add_classify_flags, classify.classify_from_args,
                             dict(lr=2e-5, batch_size=32, max_seq_length=128, epochs=3.0),
-                            after=classification.classify_after),
+                            after=classify.classify_after),
         ),
-        predict=PredictCommand(classification.predict_from_args, classification.add_predict_flags),
+        predict=PredictCommand(classify.predict_from_args, classify.add_predict_flags),
         # GLUE task names (and their aliases) resolve here too: a GLUE model records its task's name.
         problem_types=("single_label_classification", "regression"),
+        distill=Distillation("bertforge.distillation.classify:ClassifyAdaptor", _CLASSIFIER,
+                             dict(lr=5e-5, batch_size=32, max_seq_length=128, epochs=3.0), intermediate=True,
+                             student_vocab=True, augment=True),
     ),
     TaskFamily(
         # Any number of labels per text: the classify head with sigmoid + binary cross-entropy. Its
@@ -163,8 +213,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
         # how they resolve here rather than to classify; they serve through the classify pipeline.
         name="multi-label", aliases=("multi_label", "multi-label-classification", "multi_label_classification"),
         head=BertForSequenceClassification, architectures=(),
-        module="bertforge.tasks.multi_label", reader=multi_label_reader.read_multi_label_file,
-        features=multi_label.convert_examples, metrics=multi_label.multi_label_metrics,
+        reader=multi_label_reader.read_multi_label_file,
         finetune=(
             FinetuneCommand("multi-label", "any number of labels per text: GoEmotions TSV with --labels, or CSV/JSONL "
                             "with a labels list; defaults: batch 32, 3 epochs, lr 5e-5", multi_label.add_multi_label_flags,
@@ -172,61 +221,66 @@ FAMILIES: tuple[TaskFamily, ...] = (
         ),
         predict=PredictCommand(multi_label.predict_run, multi_label.add_predict_flags), pipeline="classify",
         finetuning_tasks=(multi_label.TASK_NAME,), problem_types=(multi_label.MULTI_LABEL,),
+        distill=Distillation("bertforge.distillation.multi_label:MultiLabelAdaptor", _CLASSIFIER, multi_label.RECIPE,
+                             augment=True),
     ),
     TaskFamily(
         name="multiple-choice", aliases=("multiple_choice", "choice", "swag"),
         head=BertForMultipleChoice, architectures=("BertForMultipleChoice",),
-        module="bertforge.tasks.choice", reader=choice.read_swag_file,
-        features=choice.convert_examples_to_features, metrics=accuracy,
+        reader=multiple_choice.read_swag_file,
+        pipeline_class="bertforge.serving.pipelines.multiple_choice:MultipleChoicePipeline",
         finetune=(
             FinetuneCommand("multiple-choice", "SWAG-layout CSV (sent1, sent2, ending0..3, label); paper defaults: "
-                            "batch 16, 3 epochs, lr 2e-5", choice.add_multiple_choice_flags,
-                            choice.multiple_choice_from_args,
+                            "batch 16, 3 epochs, lr 2e-5", multiple_choice.add_multiple_choice_flags,
+                            multiple_choice.multiple_choice_from_args,
                             dict(lr=2e-5, batch_size=16, max_seq_length=128, epochs=3.0),
-                            after=choice.multiple_choice_after),
+                            after=multiple_choice.multiple_choice_after),
         ),
-        predict=PredictCommand(choice.predict_from_args), finetuning_tasks=(choice.TASK_NAME,),
+        predict=PredictCommand(multiple_choice.predict_from_args), finetuning_tasks=(multiple_choice.TASK_NAME,),
     ),
     TaskFamily(
         name="answer", aliases=("question-answering", "qa", "squad"),
         head=BertForQuestionAnswering, architectures=("BertForQuestionAnswering",),
-        module="bertforge.tasks.squad", reader=squad_data.read_squad_file,
-        features=squad_data.convert_examples_to_features, metrics=squad_metrics,
+        reader=squad_data.read_squad_file, pipeline_class="bertforge.serving.pipelines.answer:AnswerPipeline",
         finetune=(
             # lr 5e-5 and seq 384 as Google's run_squad.py; batch size and epochs per --version (squad_from_args)
             FinetuneCommand("squad", "SQuAD v1.1 / v2.0 JSON (Google's defaults: seq 384, stride 128, lr 5e-5; "
-                            "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)", squad.add_squad_flags,
-                            squad.squad_from_args, dict(lr=5e-5, batch_size=None, max_seq_length=384, epochs=None),
-                            check=squad.check_squad_args, after=squad.squad_after),
+                            "v1.1: 3 epochs, batch 32; v2.0: 2 epochs, batch 48 as the paper)", answer.add_squad_flags,
+                            answer.squad_from_args, dict(lr=5e-5, batch_size=None, max_seq_length=384, epochs=None),
+                            check=answer.check_squad_args, after=answer.squad_after, recipe_for=answer.squad_recipe),
         ),
-        predict=PredictCommand(squad.predict_from_args, squad.add_predict_flags, own_files=True,
+        predict=PredictCommand(answer.predict_from_args, answer.add_predict_flags, own_files=True,
                                selected_by=("question",)),
         finetuning_tasks=("squad", "squad_v2"),
+        distill=Distillation("bertforge.distillation.answer:AnswerAdaptor", ("qa_outputs.weight", "qa_outputs.bias"),
+                             answer.answer_recipe, options=("version", "doc_stride", "tune_threshold"),
+                             intermediate=True, head_proves_training=True),
     ),
     TaskFamily(
         name="tag", aliases=("ner", "token-classification", "tagging"),
         head=BertForTokenClassification, architectures=("BertForTokenClassification", "BiLSTMTagger"),
-        module="bertforge.tasks.tagging", reader=conll.read_conll, features=conll.build_windows,
-        metrics=conll.ner_metrics,
+        reader=conll.read_conll, pipeline_class="bertforge.serving.pipelines.tag:TagPipeline",
         finetune=(
             # lr and epochs per approach (ner_from_args): fine-tuning 5e-5 and 3, the BiLSTM 1e-3 and 4.
             FinetuneCommand("ner", "CoNLL-2003-style NER (word ... TAG columns); defaults: batch 16, 3 epochs, "
-                            "lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)", tagging.add_ner_flags,
-                            tagging.ner_from_args, dict(lr=None, batch_size=16, max_seq_length=128, epochs=None),
-                            after=tagging.ner_after),
+                            "lr 5e-5 (--feature-based: 4 epochs, lr 1e-3)", tag.add_ner_flags,
+                            tag.ner_from_args, dict(lr=None, batch_size=16, max_seq_length=128, epochs=None),
+                            after=tag.ner_after, recipe_for=tag.ner_recipe),
         ),
-        predict=PredictCommand(tagging.predict_from_args, tagging.add_predict_flags),
+        predict=PredictCommand(tag.predict_from_args, tag.add_predict_flags),
         finetuning_tasks=(conll.TASK_NAME,),
+        distill=Distillation("bertforge.distillation.tag:TagAdaptor", _CLASSIFIER, tag.FINE_TUNING_RECIPE,
+                             intermediate=True, augment=True, head_proves_training=True),
     ),
     TaskFamily(
         name="embed", aliases=("feature-extraction", "embedding", "extract-features", "features"),
         head=BertModel, architectures=("BertModel",),
-        module="bertforge.tasks.embed", reader=embed.read_examples, features=embed.convert_examples_to_features,
+        reader=embed.read_examples, pipeline_class="bertforge.serving.pipelines.embed:EmbedPipeline",
     ),
     TaskFamily(
         name="fill-mask", aliases=("fill_mask", "mlm"),
         head=BertForMaskedLM, architectures=("BertForMaskedLM", "BertForPreTraining"),
-        module="bertforge.modeling.heads",
+        pipeline_class="bertforge.serving.pipelines.fill_mask:FillMaskPipeline",
     ),
 )
 """The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""
@@ -357,6 +411,6 @@ def pipeline_for_checkpoint(directory: str | os.PathLike) -> str:
     return family_for_checkpoint(directory).pipeline
 
 
-__all__ = ["ALIASES", "FAMILIES", "TASKS", "FinetuneCommand", "PredictCommand", "TaskFamily", "checkpoint_config",
+__all__ = ["ALIASES", "FAMILIES", "TASKS", "Distillation", "FinetuneCommand", "PredictCommand", "TaskFamily", "checkpoint_config",
            "family_for_checkpoint", "finetune_commands", "pipeline_for_checkpoint", "register_family", "resolve",
            "task_for_checkpoint", "unregister_family"]

@@ -4,7 +4,7 @@
   `is_impossible`, `plausible_answers`) as `SquadExample`s; malformed input is reported with the
   file and question id.
 * `convert_examples_to_features(...)`: `[CLS] question [SEP] passage window [SEP]` rows (Google's
-  `run_squad.py`); see `bertforge.tasks.squad` for the whole flow.
+  `run_squad.py`); see `bertforge.tasks.answer` for the whole flow.
 * `collate(features)`: a padded batch (the model inputs from `bertforge.tasks.arrays`).
 """
 

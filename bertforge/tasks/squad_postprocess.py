@@ -1,6 +1,6 @@
 """SQuAD postprocessing: from start/end logits to answers, the v2.0 null threshold, the output files.
 
-`postprocess` is Google's `write_predictions` (see `bertforge.tasks.squad` for the whole flow);
+`postprocess` is Google's `write_predictions` (see `bertforge.tasks.answer` for the whole flow);
 `finite` / `json_text` write strict JSON (no Infinity or NaN).
 """
 

@@ -18,11 +18,10 @@ from bertforge.cli import main
 from bertforge.distillation import augment as augment_module
 from bertforge.distillation import binary_label_loss, distill_task, soft_binary_target_loss
 from bertforge.distillation import classify as classify_distiller
-from bertforge.distillation import multi_label as multi_label_distiller
-from bertforge.distillation import run as run_module
 from bertforge.distillation.augment import (MASK, AugmentRates, MaskedLmCandidates, augment_texts, check_masked_lm,
                                             unigram_words)
 from bertforge.modeling import BertConfig, BertForMaskedLM, BertForSequenceClassification
+from bertforge.tasks.registry import TASKS
 from bertforge.tokenization import BertTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -316,11 +315,12 @@ def test_augment_flags_are_checked_before_any_work(encoder, teacher_for_errors, 
         assert main(common + extra) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("bertforge distill: error: ") and message in err and "\n" not in err
-    # a family whose distiller does not augment its transfer set (yet) says so
-    monkeypatch.setitem(run_module.DISTILLERS, "classify",
-                        dataclasses.replace(run_module.DISTILLERS["classify"], augmentable=False))
+    # a family whose distillation does not augment its transfer set (yet) says so
+    family = TASKS["classify"]
+    monkeypatch.setitem(TASKS, "classify", dataclasses.replace(family, distill=dataclasses.replace(family.distill,
+                                                                                                    augment=False)))
     assert main(common + ["--augment", "1"]) == 2
-    assert "--augment: the classify family's transfer set is not augmented yet (supported: tag, multi-label" in \
+    assert "--augment: the classify family's transfer set is not augmented yet (supported: multi-label, tag)" in \
         capsys.readouterr().err
 
 

@@ -19,7 +19,7 @@ from bertforge.cli import main
 from bertforge.distillation import answer as answer_distiller
 from bertforge.distillation import distill_task
 from bertforge.modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification
-from bertforge.tasks.squad import predict_logits
+from bertforge.tasks.answer import predict_logits
 from bertforge.tasks.squad_data import collate
 
 pytestmark = pytest.mark.usefixtures("one_thread")

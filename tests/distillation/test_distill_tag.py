@@ -17,6 +17,7 @@ from bertforge import pipeline
 from bertforge.cli import main
 from bertforge.distillation import build_student, distill_task
 from bertforge.distillation import tag as tag_distiller
+from bertforge.distillation import cache as cache_module
 from bertforge.modeling import BertForTokenClassification
 from bertforge.tasks.conll import read_conll
 from bertforge.tokenization import BertTokenizer
@@ -159,9 +160,9 @@ def test_teacher_word_logits_are_cached_flat_with_offsets_and_read_back(teacher,
     assert calls == [len(features), 2] * 2
     assert torch.equal(shared.collate(features[:4])["teacher_logits"], again.collate(features[:4])["teacher_logits"])
     # held memory-mapped: no dense (windows, sequence, K) array is ever built
-    arrays = tag_distiller.teacher_outputs(tmp_path / "shared", sorted(p.name for p in (tmp_path / "shared").iterdir()
-                                                                       if not p.name.startswith("."))[0],
-                                           lambda: pytest.fail("recomputed"))
+    arrays = cache_module.teacher_outputs(tmp_path / "shared", sorted(p.name for p in (tmp_path / "shared").iterdir()
+                                                                      if not p.name.startswith("."))[0],
+                                          lambda: pytest.fail("recomputed"))
     assert all(isinstance(a, np.memmap) and not a.flags.writeable for a in arrays.values())
 
 

@@ -122,7 +122,7 @@ def test_weights_in_pytorch_model_bin_only(tmp_path, hub_cache, add_to_hub_cache
 
 
 def test_a_finetuning_task_takes_a_hub_id(tmp_path, hub_cache, add_to_hub_cache):
-    from bertforge.tasks.classification import classify_task
+    from bertforge.tasks.classify import classify_task
 
     add_to_hub_cache(hub_cache, "acme/tiny-bert", MAIN, tiny_model_files(tmp_path, seed=0))
     for split in ("train", "dev"):

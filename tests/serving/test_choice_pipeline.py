@@ -12,7 +12,7 @@ import torch
 from bertforge.modeling import BertForMultipleChoice
 from bertforge.serving import PipelineInputError, pipeline
 from bertforge.serving.pipelines import MultipleChoicePipeline, predict_multiple_choice
-from bertforge.tasks.choice import ChoiceExample, collate, convert_examples_to_features
+from bertforge.tasks.multiple_choice import ChoiceExample, collate, convert_examples_to_features
 
 CONTEXTS = ["John Smith moved to Paris.", "The movie was great."]
 ENDINGS = [["He lives in France.", "He was born in Berlin.", "It is a river.", "Mary loved it."],
@@ -51,7 +51,7 @@ def test_one_result_per_context_with_probabilities_over_its_endings(choose):
 
 def test_probabilities_match_the_fine_tuning_code_path(choice_dir, choose):
     """The pipeline's flattened rows give what BertForMultipleChoice gives on (B, K, S) batches built by
-    bertforge.tasks.choice (the code that trains and evaluates the model)."""
+    bertforge.tasks.multiple_choice (the code that trains and evaluates the model)."""
     model = BertForMultipleChoice.from_pretrained(choice_dir).eval()
     examples = [ChoiceExample("0", CONTEXTS[0], "", ENDINGS[0])]
     features = convert_examples_to_features(examples, choose.tokenizer, choose.max_length)

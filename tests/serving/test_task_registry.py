@@ -14,6 +14,7 @@ from torch import nn
 from bertforge.cli import build_parser
 from bertforge.serving import PIPELINES, pipeline
 from bertforge.serving.pipelines import resolve_task
+from bertforge.serving.registry import family_pipeline
 from bertforge.serving.pipelines import task_for_checkpoint as serving_task_for_checkpoint
 from bertforge.tasks import registry
 from bertforge.tasks.registry import (FAMILIES, TASKS, family_for_checkpoint, finetune_commands,
@@ -57,6 +58,10 @@ def test_each_family_is_declared_once_and_complete():
         # A family that shares its head with another (multi-label: classify's) resolves by its names only.
         assert not family.architectures or family.architectures[0] == family.head.__name__
         assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
+        if family.pipeline_class:  # the family whose pipeline it is: the class and its module are named after it
+            assert family_pipeline(family) is PIPELINES[family.pipeline]
+            assert family_pipeline(family).task == family.pipeline == family.name
+            assert family_pipeline(family).__module__ == f"bertforge.serving.pipelines.{family.name.replace('-', '_')}"
 
 
 def sub_commands(parser: argparse.ArgumentParser, *path: str) -> list[str]:
@@ -85,8 +90,8 @@ def test_the_cli_is_built_from_the_registry():
     predictors = {name: TASKS[name].predict.run for name in ("classify", "multi-label", "multiple-choice", "answer",
                                                              "tag")}
     assert len(set(predictors.values())) == 5  # one each, from the family's own module
-    for name, run in predictors.items():
-        assert run.__module__ == TASKS[name].module
+    for name, run in predictors.items():  # one name per family: its module is named after it
+        assert run.__module__ == f"bertforge.tasks.{name.replace('-', '_')}"
 
 
 def test_checkpoint_to_task_for_each_head(tiny_dirs):
@@ -144,3 +149,16 @@ def test_finetuning_task_first_then_problem_type_then_head(tiny_dirs, tmp_path):
 def test_a_checkpoint_without_config_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         task_for_checkpoint(tmp_path)
+
+
+def test_the_old_module_names_are_the_same_modules():
+    """Modules follow the canonical family names; the old names stay importable as the same module objects
+    (so `from bertforge.tasks.squad import squad_task` and a monkeypatch on either name still work)."""
+    import importlib
+
+    for old, new in (("bertforge.tasks.squad", "bertforge.tasks.answer"),
+                     ("bertforge.tasks.tagging", "bertforge.tasks.tag"),
+                     ("bertforge.tasks.classification", "bertforge.tasks.classify"),
+                     ("bertforge.tasks.choice", "bertforge.tasks.multiple_choice"),
+                     ("bertforge.serving.pipelines.choice", "bertforge.serving.pipelines.multiple_choice")):
+        assert importlib.import_module(old) is importlib.import_module(new), old

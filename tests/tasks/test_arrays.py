@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from bertforge.tasks import choice, classify_features, conll, squad_data
+from bertforge.tasks import classify_features, conll, multiple_choice, squad_data
 from bertforge.tasks.arrays import attention_mask, pad_inputs, pad_rows, padded_inputs, softmax
 
 ROWS = [[2, 7, 8, 3], [2, 9, 3], [2, 3]]
@@ -45,7 +45,7 @@ def test_pad_inputs_and_the_collates_built_on_it():
     assert windows["input_ids"].tolist() == batch["input_ids"].tolist()
     assert windows["token_type_ids"].abs().sum() == 0
     assert windows["labels"].tolist()[2] == [0, 0, -100, -100]  # padding is ignored by the loss
-    choices = choice.collate([{"input_ids": ROWS[:2], "token_type_ids": TYPES[:2], "label": 1},
+    choices = multiple_choice.collate([{"input_ids": ROWS[:2], "token_type_ids": TYPES[:2], "label": 1},
                               {"input_ids": ROWS[1:], "token_type_ids": TYPES[1:], "label": 0}], 1)
     assert choices["input_ids"].shape == (2, 2, 4)
     assert choices["input_ids"][1].tolist() == [[2, 9, 3, 1], [2, 3, 1, 1]]

@@ -9,7 +9,7 @@ import torch
 
 from bertforge.cli import main
 from bertforge.modeling import BertForMultipleChoice
-from bertforge.tasks.choice import (TASK_NAME, ChoiceExample, collate, convert_examples_to_features,
+from bertforge.tasks.multiple_choice import (TASK_NAME, ChoiceExample, collate, convert_examples_to_features,
                                     multiple_choice_task, predict_choice_file, read_swag_file, write_swag_file)
 from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneArguments, finetune

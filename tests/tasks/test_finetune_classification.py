@@ -13,7 +13,7 @@ import torch
 
 from bertforge.cli import main
 from bertforge.modeling import BertConfig, BertForSequenceClassification, BertModel, plans
-from bertforge.tasks.classification import classify_task, predict_file
+from bertforge.tasks.classify import classify_task, predict_file
 from bertforge.tasks.glue import glue_task
 from bertforge.training.finetune import FinetuneArguments, describe, finetune, finetune_grid
 

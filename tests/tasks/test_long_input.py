@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from bertforge.cli import main
-from bertforge.tasks.classification import classify_task, predict_examples, predict_file
+from bertforge.tasks.classify import classify_task, predict_examples, predict_file
 from bertforge.tasks.classify_features import convert_examples_to_features, convert_examples_to_window_features
 from bertforge.tasks.classify_reader import InputExample
 from bertforge.tokenization import BertTokenizer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bertforge.tasks.choice import read_swag_file
+from bertforge.tasks.multiple_choice import read_swag_file
 from bertforge.tasks.classify_reader import read_classify_file
 from bertforge.tasks.glue_data import read_glue_examples
 from bertforge.tasks.squad_data import read_squad_file

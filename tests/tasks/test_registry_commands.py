@@ -14,7 +14,7 @@ import pytest
 from bertforge.cli import main
 from bertforge.modeling import BertForSequenceClassification, load_for_inference
 from bertforge.serving.registry import pipeline_for_checkpoint, resolve_task
-from bertforge.tasks.classification import classification_task, predict_examples
+from bertforge.tasks.classify import classification_task, predict_examples
 from bertforge.tasks.classify_features import convert_examples_to_features
 from bertforge.tasks.classify_reader import InputExample
 from bertforge.tasks.registry import (FinetuneCommand, PredictCommand, TaskFamily, family_for_checkpoint,
@@ -77,8 +77,7 @@ def predict_toy(args: argparse.Namespace) -> None:
 
 TOY = TaskFamily(
     name="toy", aliases=("toy-task",), head=BertForSequenceClassification,
-    architectures=("BertForSequenceClassification",), module=__name__, reader=read_toy_file,
-    features=convert_examples_to_features,
+    architectures=("BertForSequenceClassification",), reader=read_toy_file,
     finetune=(FinetuneCommand("toy", "a toy classification task", add_toy_flags, toy_from_args,
                               dict(lr=1e-3, batch_size=4, max_seq_length=32, epochs=2.0), after=toy_after),),
     predict=PredictCommand(predict_toy, add_toy_predict_flags),
@@ -171,13 +170,13 @@ def tiny_dirs_like(tiny_dir):
 
 def test_a_name_means_one_family(toy_family):
     clash = TaskFamily(name="other", aliases=("ner",), head=BertForSequenceClassification,
-                       architectures=("BertForSequenceClassification",), module=__name__)
+                       architectures=("BertForSequenceClassification",))
     with pytest.raises(ValueError, match="'ner' of 'other' already names 'tag'"):
         register_family(clash)
     command = FinetuneCommand("glue", "again", add_toy_flags, toy_from_args)
     with pytest.raises(ValueError, match="`bertforge finetune glue` is taken already"):
         register_family(TaskFamily(name="other", aliases=(), head=BertForSequenceClassification,
-                                   architectures=(), module=__name__, finetune=(command,)))
+                                   architectures=(), finetune=(command,)))
     with pytest.raises(ValueError, match="registered already"):
         register_family(TOY)
     with pytest.raises(ValueError, match="built-in"):
@@ -192,3 +191,25 @@ def test_an_unregistered_family_is_gone(capsys):
     with pytest.raises(SystemExit):
         main(["finetune", "toy", "--train-file", "t", "--dev-file", "d", "--model", "m", "--output-dir", "o"])
     assert "invalid choice: 'toy'" in capsys.readouterr().err
+
+
+def test_a_recipe_that_depends_on_the_flags_is_resolved_per_run_and_never_written_into_them():
+    """NER's recipe depends on the approach, SQuAD's on --version: `FinetuneCommand.recipe_of` resolves it
+    and `_arguments` fills the flags left None from it, while the parsed flags stay as given."""
+    from bertforge.cli import build_parser
+    from bertforge.cli.finetune import _arguments
+
+    parser = build_parser()
+    for flags, lr, batch_size, epochs in ((["ner"], 5e-5, 16, 3.0), (["ner", "--feature-based"], 1e-3, 16, 4.0),
+                                          (["squad"], 5e-5, 32, 3.0), (["squad", "--version", "2.0"], 5e-5, 48, 2.0)):
+        args = parser.parse_args(["finetune", *flags, "--train-file", "t", "--dev-file", "d", "--model", "m",
+                                  "--output-dir", "o"])
+        before = dict(vars(args))
+        recipe = args.finetune_command.recipe_of(args)
+        settings = _arguments(args, recipe)
+        assert (settings.lr, settings.batch_size, settings.epochs) == (lr, batch_size, epochs), flags
+        assert vars(args) == before
+    args = parser.parse_args(["finetune", "ner", "--train-file", "t", "--dev-file", "d", "--model", "m",
+                              "--output-dir", "o", "--lr", "2e-5", "--epochs", "1"])
+    settings = _arguments(args, args.finetune_command.recipe_of(args))
+    assert (settings.lr, settings.epochs) == (2e-5, 1.0)  # given flags win over the recipe

@@ -14,7 +14,7 @@ import torch
 
 from bertforge.cli import main
 from bertforge.metrics.squad import evaluate_v1, evaluate_v2
-from bertforge.tasks.squad import answer_questions, predict_squad_file, squad_task
+from bertforge.tasks.answer import answer_questions, predict_squad_file, squad_task
 from bertforge.tasks.squad_data import SquadExample, SquadSettings, convert_examples_to_features, read_squad_file
 from bertforge.tasks.squad_postprocess import postprocess
 from bertforge.tasks.windows import aggregate_window_logits, max_context_flags, max_context_window, windows

@@ -15,7 +15,7 @@ from bertforge.cli import main
 from bertforge.modeling import BertModel
 from bertforge.modeling.heads import TaskOutput
 from bertforge.tasks.feature_based import (FEATURE_STRATEGIES, BiLSTMTagger, cache_word_features, feature_ner_task)
-from bertforge.tasks.tagging import ner_task, predict_conll, predict_window_tags
+from bertforge.tasks.tag import ner_task, predict_conll, predict_window_tags
 from bertforge.tasks.conll import (IGNORE_INDEX, build_windows, label_list_from, ner_metrics, read_conll, to_iob2,
                                    word_piece_ids)
 from bertforge.tokenization import BertTokenizer

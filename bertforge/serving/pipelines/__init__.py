@@ -5,15 +5,17 @@
     >>> fill(["Paris is the [MASK] of France."], top_k=3)
 
 One module per concern: `base` (the `Pipeline` class: tokenize, batch, run, postprocess, and the
-server's request schema), one module per pipeline (`fill_mask`, `classify`, `embed`, `tag`,
-`answer`, `choice`), the graphs they run (`bertforge.serving.graphs`), the PyTorch runner
-(`bertforge.serving.runner`), entity grouping (`bertforge.serving.entities`) and the name ->
-class registry (`bertforge.serving.registry`, fed by the task registry `bertforge.tasks.registry`).
+server's request schema), one module per pipeline, named after its family (`fill_mask`, `classify`,
+`embed`, `tag`, `answer`, `multiple_choice`; `choice` is the last one's old name, an alias), the graphs
+they run (`bertforge.serving.graphs`), the PyTorch runner (`bertforge.serving.runner`), entity grouping
+(`bertforge.serving.entities`) and the lookup of a task's class (`bertforge.serving.registry`: the task
+family's `pipeline_class`, from `bertforge.tasks.registry`).
 Every name this module had when it was one file stays importable from here.
 
 The graph a pipeline runs (`Pipeline.build_graph`) is one `nn.Module` per task with plain tensors in
 and a tuple of tensors out; `bertforge.serving.onnx` exports exactly that module, so the two
-backends compute the same function. New tasks register themselves with `register_pipeline`.
+backends compute the same function. A new pipeline names itself with `register_pipeline` and is served
+for the task family whose `pipeline_class` points at it.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ import torch
 from ...tasks.windows import max_context_window
 from ..entities import group_entities
 from ..graphs import ChoiceGraph, FillMaskGraph, HiddenStatesGraph, LogitsGraph, SpanGraph, WordLogitsGraph
-from ..registry import PIPELINES, pipeline_for_checkpoint, register_pipeline, resolve_task, task_for_checkpoint
+from ..registry import (PIPELINES, pipeline_class, pipeline_for_checkpoint, register_pipeline, resolve_task,
+                        task_for_checkpoint)
 from ..runner import Batch, Runner, TorchRunner
 from .answer import AnswerPipeline
 from .base import BASE_INPUTS, MASK_TOKEN, Feature, Pipeline, PipelineInputError, check_texts, windows
-from .choice import MultipleChoicePipeline, predict_multiple_choice
+from .multiple_choice import MultipleChoicePipeline, predict_multiple_choice
 from .classify import ClassifyPipeline
 from .embed import EmbedPipeline
 from .fill_mask import FillMaskPipeline
@@ -51,15 +54,15 @@ def pipeline(task: str | None = None, model: str | os.PathLike | None = None, *,
         raise ValueError("pipeline() needs model=<checkpoint directory>")
     if task is None:
         task = pipeline_for_checkpoint(model)
-    cls = PIPELINES[resolve_task(task)]
+    cls = pipeline_class(task)
     return cls(model, backend=backend, device=device, max_length=max_length, onnx_model=onnx_model, **kwargs)
 
 
 __all__ = [
     "PIPELINES", "Pipeline", "PipelineInputError", "FillMaskPipeline", "ClassifyPipeline", "EmbedPipeline",
     "TagPipeline", "AnswerPipeline", "MultipleChoicePipeline", "TorchRunner", "Feature", "pipeline",
-    "predict_multiple_choice", "register_pipeline", "resolve_task", "pipeline_for_checkpoint", "task_for_checkpoint",
-    "group_entities",
+    "pipeline_class", "predict_multiple_choice", "register_pipeline", "resolve_task", "pipeline_for_checkpoint",
+    "task_for_checkpoint", "group_entities",
     "windows", "max_context_window", "BASE_INPUTS", "MASK_TOKEN", "Batch", "Runner", "check_texts",
     "ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph", "WordLogitsGraph",
 ]
