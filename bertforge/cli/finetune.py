@@ -39,11 +39,9 @@ def _add_finetune_flags(p: argparse.ArgumentParser, *, lr: float | None = 2e-5,
     """The flags every `finetune` task shares; a None default means "the task's recipe decides" (per
     version, approach, ...). --epochs defaults to None whatever the recipe, so that `_arguments` can tell a
     given --epochs from the recipe's (the recipe's epochs: `_arguments`' `epochs`). `model=False` leaves
-    out --model (`distill` names its models otherwise: --teacher, --student). `adam_epsilon`: the recipe's, where
-    it is not the engine's (None)."""
-    recipe = {"lr": lr, "epochs": None, "batch_size": batch_size}
-    if adam_epsilon is not None:
-        recipe["adam_epsilon"] = adam_epsilon
+    out --model (`distill` names its models otherwise: --teacher, --student). `adam_epsilon`: the recipe's
+    (None: the run's recipe, else the engine's default, decides in `_arguments`)."""
+    recipe = {"lr": lr, "epochs": None, "batch_size": batch_size, "adam_epsilon": adam_epsilon}
     if model:
         p.add_argument("--model", required=True, help="pre-trained checkpoint directory (config.json, weights, "
                        "vocab.txt) or Hub id (org/name[@revision])")
@@ -91,11 +89,12 @@ def run(args: argparse.Namespace) -> None:
 
 def _arguments(args: argparse.Namespace, recipe: dict[str, Any] | None = None) -> FinetuneArguments:
     """FinetuneArguments from the flags `_add_finetune_flags` defines; `recipe`: the run's resolved recipe,
-    whose lr and batch_size fill the flags left None, and whose epochs are used when --epochs is not given
-    (default: the command's, `args.recipe_epochs`, else FinetuneArguments' own).
+    whose lr, batch_size and adam_epsilon fill the flags left None, and whose epochs are used when --epochs is
+    not given (default: the command's, `args.recipe_epochs`, else FinetuneArguments' own).
     --max-steps wins over the epochs (the engine's rule); given with --epochs too, that is said on stderr."""
     recipe = recipe or {}
-    values = {k: recipe[k] for k in ("lr", "batch_size") if recipe.get(k) is not None and getattr(args, k) is None}
+    values = {k: recipe[k] for k in ("lr", "batch_size", "adam_epsilon")
+              if recipe.get(k) is not None and getattr(args, k) is None}
     epochs = recipe.get("epochs")
     if epochs is None:
         epochs = getattr(args, "recipe_epochs", None)

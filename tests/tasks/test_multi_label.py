@@ -541,3 +541,22 @@ def test_per_label_thresholds_of_labels_missing_from_dev_are_the_global_one_and_
     gold = np.array([[1, 1, 0], [1, 1, 0], [0, 0, 0], [0, 0, 0]], dtype=bool)
     per_label = tune_thresholds(probabilities, gold, per_label=True)
     assert per_label.tolist() == [0.61, 0.3, float(tune_thresholds(probabilities, gold)[0])]
+
+
+def test_multi_label_recipe_sets_adam_epsilon_for_finetune_and_distill():
+    """Multi-label's AdamW ε is torch's 1e-8 (its recipe: issue 64), the paper's 1e-6 stays every other family's,
+    and a given --adam-epsilon wins; distill resolves the teacher family's recipe the same way."""
+    from bertforge.cli import build_parser
+    from bertforge.cli.finetune import _arguments
+    from bertforge.tasks.multi_label import RECIPE
+
+    parser = build_parser()
+    common = ["--model", "m", "--output-dir", "o"]
+    multi = ["finetune", "multi-label", "--train-file", "a", "--dev-file", "b", *common]
+    assert _arguments(parser.parse_args(multi)).adam_epsilon == RECIPE["adam_epsilon"] == 1e-8
+    assert _arguments(parser.parse_args([*multi, "--adam-epsilon", "1e-6"])).adam_epsilon == 1e-6
+    assert _arguments(parser.parse_args(["finetune", "glue", "--task", "mrpc", "--data-dir", "g", *common])
+                      ).adam_epsilon == 1e-6
+    distill = parser.parse_args(["distill", "--teacher", "t", "--output-dir", "o", "--train-file", "a"])
+    assert _arguments(distill, RECIPE).adam_epsilon == 1e-8
+    assert _arguments(distill, {"lr": 5e-5}).adam_epsilon == 1e-6
