@@ -278,6 +278,11 @@ FAMILIES: tuple[TaskFamily, ...] = (
         reader=embed.read_examples, pipeline_class="bertforge.serving.pipelines.embed:EmbedPipeline",
     ),
     TaskFamily(
+        name="fill-mask", aliases=("fill_mask", "mlm"),
+        head=BertForMaskedLM, architectures=("BertForMaskedLM", "BertForPreTraining"),
+        pipeline_class="bertforge.serving.pipelines.fill_mask:FillMaskPipeline",
+    ),
+    TaskFamily(
         # Bi-encoders (Sentence-BERT): one pooled, normalised vector per text, compared by cosine. Served by the
         # embed pipeline, which reads the pooling from the model directory (and its similarity companion).
         name=sentence_embedding.TASK_NAME,
@@ -294,11 +299,6 @@ FAMILIES: tuple[TaskFamily, ...] = (
         pipeline="embed", finetuning_tasks=(sentence_embedding.TASK_NAME,),
         distill=Distillation("bertforge.distillation.sentence_embedding:SentenceEmbeddingAdaptor", (),
                              sentence_embedding.RECIPE, student_vocab=True),
-    ),
-    TaskFamily(
-        name="fill-mask", aliases=("fill_mask", "mlm"),
-        head=BertForMaskedLM, architectures=("BertForMaskedLM", "BertForPreTraining"),
-        pipeline_class="bertforge.serving.pipelines.fill_mask:FillMaskPipeline",
     ),
 )
 """The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""
