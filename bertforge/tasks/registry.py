@@ -298,7 +298,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
         predict=PredictCommand(sentence_embedding.predict_from_args, sentence_embedding.add_predict_flags),
         pipeline="embed", finetuning_tasks=(sentence_embedding.TASK_NAME,),
         distill=Distillation("bertforge.distillation.sentence_embedding:SentenceEmbeddingAdaptor", (),
-                             sentence_embedding.RECIPE, student_vocab=True),
+                             sentence_embedding.DISTILL_RECIPE),
     ),
 )
 """The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""

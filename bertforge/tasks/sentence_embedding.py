@@ -47,15 +47,18 @@ from ..tokenization import BertTokenizer
 from ..training.finetune import FinetuneTask
 from .arrays import pad_inputs
 
-__all__ = ["LOSSES", "MNRL_SCALE", "POOLINGS", "RECIPE", "TASK_NAME", "SentenceEncoder", "SentenceExample",
+__all__ = ["DISTILL_RECIPE", "LOSSES", "MNRL_SCALE", "POOLINGS", "RECIPE", "TASK_NAME", "SentenceEncoder", "SentenceExample",
            "SentencePooling", "add_predict_flags", "add_sentence_embedding_flags", "cosine_scores", "embed_texts",
-           "pool", "predict_file", "predict_from_args", "read_pooling", "read_sentence_file", "sentence_embedding_from_args",
+           "batch_of", "encode", "load_encoder", "pool", "predict_file", "predict_from_args", "read_pooling", "read_sentence_file", "sentence_embedding_from_args",
            "sentence_embedding_task", "similarity_metrics", "write_sentence_transformers_files"]
 
 TASK_NAME = "sentence-embedding"  # the `finetuning_task` of a fine-tuned model, its CLI command and family
 # `bertforge finetune sentence-embedding`: sentence-transformers' STS-B training script (training_stsbenchmark.py):
 # batch 16, 4 epochs, lr 2e-5, 10% linear warm-up (the engine's `warmup_ratio` default), sequences of 128.
 RECIPE = {"lr": 2e-5, "batch_size": 16, "epochs": 4.0, "max_seq_length": 128}
+# `bertforge distill` of a sentence-embedding teacher: sentence-transformers' model_distillation.py (lr 1e-4,
+# batch 64, 1 epoch over the transfer texts; warm-up the engine's 10%).
+DISTILL_RECIPE = {"lr": 1e-4, "batch_size": 64, "epochs": 1.0, "max_seq_length": 128}
 POOLINGS = ("mean", "cls")
 LOSSES = ("cosine", "contrastive", "mnrl")
 MNRL_SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss scale (cosines x 20 as logits)

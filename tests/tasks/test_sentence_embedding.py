@@ -230,3 +230,23 @@ def test_a_pooling_the_checkpoint_does_not_declare_is_refused(trained, sts_files
     assert error == f"bertforge predict: error: --pooling cls: {out} declares mean pooling; leave --pooling out or give mean"
     with pytest.raises(ValueError, match=r"--pooling cls: .* declares mean pooling"):
         sentence_embedding_task(minilm_dir, sts_files[0], sts_files[1], pooling="cls")
+
+
+# ---------------------------------------------------------------------------- distillation
+
+def test_distill_regresses_a_smaller_student_onto_the_teachers_embeddings(trained, sts_files, tmp_path):
+    teacher, _ = trained
+    train, dev = sts_files
+    out = tmp_path / "student"
+    assert main(["distill", "--teacher", str(teacher), "--train-file", str(train), "--dev-file", str(dev),
+                 "--output-dir", str(out), "--layers", "1", "--lr", "1e-3", "--epochs", "3", "--batch-size", "16",
+                 "--no-progress"]) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["metrics"]["teacher_agreement"] > 0.8 and results["metrics"]["spearman"] > 0.7
+    info = json.loads((out / "distillation.json").read_text())
+    assert info["family"] == "sentence-embedding" and info["pooling"] == "mean" and info["normalize"] is True
+    config = json.loads((out / "config.json").read_text())
+    assert config["num_hidden_layers"] == 1 and family_for_checkpoint(out).name == "sentence-embedding"
+    assert read_pooling(out) == read_pooling(teacher)  # served as the teacher is: pipeline, predict, ST files
+    vectors = pipeline("embed", model=out)(["the cat is a dog"])
+    assert np.isclose(np.linalg.norm(vectors), 1.0, atol=1e-5)
