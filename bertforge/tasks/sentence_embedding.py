@@ -192,7 +192,7 @@ class SentenceEncoder(BertModel):
         config_file = directory / "config.json"  # saved as the BertModel its weights are
         values = json.loads(config_file.read_text(encoding="utf-8"))
         values["architectures"] = ["BertModel"]
-        config_file.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        write_text_atomic(config_file, json.dumps(values, indent=2, sort_keys=True) + "\n")
         write_sentence_transformers_files(directory, self.sentence_pooling, self.config.hidden_size)
 
 

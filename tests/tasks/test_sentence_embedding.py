@@ -178,13 +178,19 @@ def _stsb_sentences(shared_data, count: int = 24) -> list[str]:
     return [text for row in rows[:count // 2] for text in row.texts]
 
 
-def test_minilm_embeddings_equal_sentence_transformers(minilm_dir, shared_data):
+def test_minilm_embeddings_equal_sentence_transformers(minilm_dir, shared_data, tmp_path):
     st = pytest.importorskip("sentence_transformers")
     sentences = _stsb_sentences(shared_data)
     assert read_pooling(minilm_dir) == SentencePooling("mean", True, 256)
     ours = pipeline("embed", model=minilm_dir)(sentences)
     theirs = st.SentenceTransformer(str(minilm_dir), device="cpu").encode(sentences, convert_to_numpy=True)
     assert np.abs(ours - theirs).max() <= 1e-5
+    # `bertforge predict --task sentence-embedding` reads the same directory the same way
+    texts = tmp_path / "sentences.txt"
+    texts.write_text("\n".join(sentences[:4]) + "\n")
+    assert main(["predict", "--model", str(minilm_dir), "--task", "sentence-embedding", "--input", str(texts),
+                 "--output", str(tmp_path / "e.npy")]) == 0
+    assert np.abs(np.load(tmp_path / "e.npy") - theirs[:4]).max() <= 1e-5
 
 
 def test_saved_model_loads_in_sentence_transformers(trained):
@@ -218,6 +224,21 @@ def test_bad_training_rows_are_one_line_naming_file_and_line(tiny_dir, sts_files
     with pytest.raises(ValueError) as error:
         sentence_embedding_task(tiny_dir, train, sts_files[1], loss=loss)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_bad_pipeline_and_server_input_is_named(trained):
+    from bertforge.serving import PipelineInputError
+
+    out, _ = trained
+    pipe = pipeline("similarity", model=out)
+    with pytest.raises(PipelineInputError, match=r"texts\[0\]\[1\] is empty"):
+        pipe(["the cat"], [["the dog", "  "]])
+    with pytest.raises(PipelineInputError, match="1 queries but 2 lists of texts"):
+        pipe(["the cat"], [["the dog"], ["the bus"]])
+    with pytest.raises(PipelineInputError, match="top_k must be a positive integer"):
+        pipe(["the cat"], [["the dog"]], top_k=0)
+    with pytest.raises(PipelineInputError, match=r"texts\[0\] is empty"):
+        pipeline("embed", model=out)(["", "the cat"])
 
 
 def test_a_pooling_the_checkpoint_does_not_declare_is_refused(trained, sts_files, tmp_path, minilm_dir, capsys):
