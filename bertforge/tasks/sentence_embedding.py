@@ -391,7 +391,9 @@ def sentence_embedding_task(model_dir: str | os.PathLike, train_file: str | os.P
     """The `FinetuneTask` of a bi-encoder (see the module docstring). The training file's layout follows
     `loss` (cosine: scored pairs; contrastive: 0/1-labelled pairs; mnrl: anchor, positive[, negative]); the
     dev file is scored pairs, judged by Spearman of the cosine (the main metric) and Pearson. `pooling`: the
-    checkpoint's declared one when None (else mean); a pooling other than a declared one is refused."""
+    checkpoint's declared one when None (else mean); a pooling other than a declared one is refused.
+    `normalize`: the saved model's embeddings are unit vectors (the cosine, and so training, is the same
+    either way; what `predict`, the pipeline and sentence-transformers give is normalised)."""
     if loss not in LOSSES:
         raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, got {loss!r}")
     model_path = resolve_model_dir(model_dir)
@@ -401,8 +403,7 @@ def sentence_embedding_task(model_dir: str | os.PathLike, train_file: str | os.P
     if declared is not None and pooling is not None and pooling != declared.pooling:
         raise ValueError(f"--pooling {pooling}: {model_dir} declares {declared.pooling} pooling (its modules.json / "
                          f"config.json); leave --pooling out or give {declared.pooling}")
-    settings = SentencePooling(pooling or (declared.pooling if declared else "mean"),
-                               normalize if declared is None else declared.normalize or normalize, max_seq_length)
+    settings = SentencePooling(pooling or (declared.pooling if declared else "mean"), normalize, max_seq_length)
     if loss == "mnrl":
         train = read_sentence_file(train_file, scored=False)
         if len(train[0].texts) < 2:
