@@ -11,6 +11,7 @@ pipelines by name.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator, Mapping
 from typing import Callable, TypeVar
 
@@ -79,7 +80,7 @@ def pipeline_class(task: str) -> type:
     return family_pipeline(families[name]) if name in families else _companions()[name]
 
 
-def served_for_checkpoint(directory) -> list[str]:
+def served_for_checkpoint(directory: str | os.PathLike) -> list[str]:
     """The pipelines `bertforge serve` runs for a checkpoint by default: its family's (`pipeline_for_checkpoint`)
     and that pipeline's companions (embed: similarity)."""
     name = pipeline_for_checkpoint(directory)
