@@ -144,6 +144,9 @@ INPUTS: dict[str, Make] = {
     "goemotions/train.tsv": _lines(Path("goemotions") / "train.tsv", 40, header=False),
     "goemotions/dev.tsv": _lines(Path("goemotions") / "dev.tsv", 12, header=False),
     "goemotions/emotions.txt": _lines(Path("goemotions") / "emotions.txt", 28, header=False),
+    "sts/train.tsv": _lines(Path("glue") / "STS-B" / "train.tsv", 16),
+    "sts/dev.tsv": _lines(Path("glue") / "STS-B" / "dev.tsv", 8),
+    "sentences.txt": _lines(Path("pretraining") / "sample_text.txt", 3, header=False),
 }
 
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s+(.*?)\s*-->")

@@ -11,6 +11,7 @@ pipelines by name.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterator, Mapping
 from typing import Callable, TypeVar
 
@@ -49,21 +50,41 @@ def family_pipeline(family: TaskFamily) -> type:
     return getattr(importlib.import_module(module), name)
 
 
+def _companions() -> dict[str, type]:
+    """Pipeline name -> class of the pipelines served beside a family's (`Pipeline.companions`: embed's
+    `similarity`), which no family names itself."""
+    found: dict[str, type] = {}
+    for family in _families().values():
+        for companion in getattr(family_pipeline(family), "companions", ()):
+            found.setdefault(companion.task, companion)
+    return found
+
+
 def resolve_task(task: str) -> str:
     """The pipeline name of `task`: the `pipeline` of the family the task registry resolves `task` to (its
-    canonical name, an alias such as "ner", "squad", "fill_mask", a GLUE task ...)."""
+    canonical name, an alias such as "ner", "squad", "fill_mask", a GLUE task ...), or a companion
+    pipeline's own name ("similarity")."""
     try:
         name = resolve(task).pipeline
     except ValueError:
-        name = None
-    if name not in _families():
-        raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(sorted(_families()))}")
+        name = task if task in _companions() else None
+    if name not in _families() and name not in _companions():
+        raise ValueError(f"unknown pipeline {task!r}; choose one of {', '.join(sorted(PIPELINES))}")
     return name
 
 
 def pipeline_class(task: str) -> type:
     """The `Pipeline` class that serves `task` (any name `resolve_task` takes)."""
-    return family_pipeline(_families()[resolve_task(task)])
+    name = resolve_task(task)
+    families = _families()
+    return family_pipeline(families[name]) if name in families else _companions()[name]
+
+
+def served_for_checkpoint(directory: str | os.PathLike) -> list[str]:
+    """The pipelines `bertforge serve` runs for a checkpoint by default: its family's (`pipeline_for_checkpoint`)
+    and that pipeline's companions (embed: similarity)."""
+    name = pipeline_for_checkpoint(directory)
+    return [name, *(companion.task for companion in getattr(pipeline_class(name), "companions", ()))]
 
 
 class _Pipelines(Mapping):
@@ -71,18 +92,21 @@ class _Pipelines(Mapping):
 
     def __getitem__(self, name: str) -> type:
         families = _families()
-        if name not in families:
+        if name in families:
+            return family_pipeline(families[name])
+        companions = _companions()
+        if name not in companions:
             raise KeyError(name)
-        return family_pipeline(families[name])
+        return companions[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_families())
+        return iter({**_families(), **_companions()})
 
     def __len__(self) -> int:
-        return len(_families())
+        return len({**_families(), **_companions()})
 
 
 PIPELINES: Mapping[str, type] = _Pipelines()
 
 __all__ = ["PIPELINES", "family_pipeline", "pipeline_class", "pipeline_for_checkpoint", "register_pipeline",
-           "resolve_task", "task_for_checkpoint"]
+           "resolve_task", "served_for_checkpoint", "task_for_checkpoint"]

@@ -65,7 +65,7 @@ from ..modeling.pretrained import resolve_model_dir
 from .batching import MicroBatcher
 from .http_protocol import protocol_class
 from .pipelines import Pipeline, PipelineInputError, pipeline, resolve_task
-from .registry import pipeline_for_checkpoint
+from .registry import served_for_checkpoint
 from .server_metrics import Metrics, MetricsMiddleware
 from .server_settings import ApiError, ServerSettings
 
@@ -310,7 +310,7 @@ def load_pipelines(model: str, tasks: Sequence[str] | None = None, backend: str 
                    dtype: str | None = None) -> dict[str, Pipeline]:
     """The pipelines to serve (default: the one the checkpoint was trained for); `dtype`: see `Pipeline`."""
     model = str(resolve_model_dir(model))  # a Hub id: fetched once, for every pipeline
-    names = [resolve_task(t) for t in (tasks or [pipeline_for_checkpoint(model)])]
+    names = [resolve_task(t) for t in (tasks or served_for_checkpoint(model))]
     if onnx_model is not None and len(names) > 1:
         raise ValueError("--onnx-model holds one task's graph: serve one --task with it")
     return {name: pipeline(name, model=model, backend=backend, device=device, max_length=max_length,

@@ -49,7 +49,7 @@ from ..modeling import (
 from ..modeling.pretrained import resolve_model_dir
 from ..training.finetune import FinetuneTask
 from . import (answer, classify, classify_reader, conll, embed, glue, glue_data, multi_label, multi_label_reader,
-               multiple_choice, squad_data, tag)
+               multiple_choice, sentence_embedding, squad_data, tag)
 
 
 @dataclass(frozen=True)
@@ -281,6 +281,24 @@ FAMILIES: tuple[TaskFamily, ...] = (
         name="fill-mask", aliases=("fill_mask", "mlm"),
         head=BertForMaskedLM, architectures=("BertForMaskedLM", "BertForPreTraining"),
         pipeline_class="bertforge.serving.pipelines.fill_mask:FillMaskPipeline",
+    ),
+    TaskFamily(
+        # Bi-encoders (Sentence-BERT): one pooled, normalised vector per text, compared by cosine. Served by the
+        # embed pipeline, which reads the pooling from the model directory (and its similarity companion).
+        name=sentence_embedding.TASK_NAME,
+        aliases=("sentence_embedding", "sentence-embeddings", "sentence-similarity", "bi-encoder"),
+        head=sentence_embedding.SentenceEncoder, architectures=(),
+        reader=sentence_embedding.read_sentence_file,
+        finetune=(
+            FinetuneCommand(sentence_embedding.TASK_NAME, "a bi-encoder (Sentence-BERT): scored pairs (STS-B's TSV), "
+                            "0/1 pairs or (anchor, positive[, negative]) rows; defaults: batch 16, 4 epochs, lr 2e-5",
+                            sentence_embedding.add_sentence_embedding_flags,
+                            sentence_embedding.sentence_embedding_from_args, sentence_embedding.RECIPE),
+        ),
+        predict=PredictCommand(sentence_embedding.predict_from_args, sentence_embedding.add_predict_flags),
+        pipeline="embed", finetuning_tasks=(sentence_embedding.TASK_NAME,),
+        distill=Distillation("bertforge.distillation.sentence_embedding:SentenceEmbeddingAdaptor", (),
+                             sentence_embedding.DISTILL_RECIPE),
     ),
 )
 """The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""

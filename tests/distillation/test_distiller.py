@@ -12,7 +12,7 @@ import pytest
 from bertforge.distillation import Adaptor, adaptor_for, distill_task
 from bertforge.distillation import distiller as distiller_module
 from bertforge.distillation.run import distilled_families
-from bertforge.modeling import BertConfig
+from bertforge.modeling import BertConfig, BertModel
 from bertforge.tasks.registry import TASKS
 
 from .test_distill import encoder, make_teacher, sentences, write_classify  # noqa: F401 (encoder: a fixture)
@@ -21,7 +21,7 @@ TINY = BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attentio
 
 
 def test_each_distilled_family_names_its_adaptor_in_a_module_named_after_it():
-    assert distilled_families() == ["classify", "multi-label", "answer", "tag"]
+    assert distilled_families() == ["classify", "multi-label", "answer", "tag", "sentence-embedding"]
     assert distilled_families("intermediate") == ["classify", "answer", "tag"]
     assert distilled_families("student_vocab") == ["classify"]
     assert distilled_families("augment") == ["classify", "multi-label", "tag"]
@@ -31,7 +31,8 @@ def test_each_distilled_family_names_its_adaptor_in_a_module_named_after_it():
         assert issubclass(adaptor, Adaptor) and not inspect.isabstract(adaptor), name
         assert adaptor.__module__ == f"bertforge.distillation.{name.replace('-', '_')}"
         recipe = family.distill.recipe_of(TINY)  # stated once: a dict, or SQuAD's function of the teacher
-        assert family.distill.head_tensors and recipe.keys() >= {"lr", "batch_size", "max_seq_length", "epochs"}
+        # a head with tensors of its own names them (sentence-embedding's is the encoder: its pooling is config)
+        assert (family.distill.head_tensors or issubclass(family.head, BertModel)) and recipe.keys() >= {"lr", "batch_size", "max_seq_length", "epochs"}
 
 
 def test_the_general_distiller_names_no_family():

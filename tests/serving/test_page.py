@@ -37,8 +37,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 @pytest.fixture(scope="module")
 def page_url(tiny_dirs):
-    tasks = ("fill-mask", "tag", "answer", "classify", "embed", "multiple-choice")
-    pipes = {task: pipeline(task, model=tiny_dirs[task]) for task in tasks}
+    tasks = ("fill-mask", "tag", "answer", "classify", "embed", "similarity", "multiple-choice")
+    pipes = {task: pipeline(task, model=tiny_dirs["embed" if task == "similarity" else task]) for task in tasks}
     with LiveServer(create_app(pipes, ServerSettings(model="tiny"))) as server:
         yield server.url
 
@@ -109,6 +109,8 @@ def test_classify_and_embed(browser_page):
     assert browser_page.locator("#output .label").inner_text() in ("negative", "positive")
     _run(browser_page, "embed", {"texts": "a good film\nbad\nthe story"})
     assert browser_page.locator("#output table tr").count() == 4
+    _run(browser_page, "similarity", {"queries": "a film", "texts": "a good film\nbad\nthe story"})
+    assert browser_page.locator("#output table tr").count() == 3  # one row per candidate, most similar first
 
 
 def test_multiple_choice_shows_the_chosen_ending(browser_page):

@@ -345,8 +345,11 @@ def test_minilm_embeddings_match_transformers(minilm_dir, minilm_embed):
         hidden = reference(**batch).last_hidden_state
     mask = batch["attention_mask"].unsqueeze(-1).float()
     expected = ((hidden * mask).sum(1) / mask.sum(1)).numpy()
-    ours = minilm_embed(sentences, pooling="mean", batch_size=3)
+    ours = minilm_embed(sentences, pooling="mean", batch_size=3, normalize=False)
     np.testing.assert_allclose(ours, expected, atol=1e-5)
+    # by default, the pooling and normalisation its directory declares (modules.json: mean, Normalize)
+    np.testing.assert_allclose(minilm_embed(sentences), expected / np.linalg.norm(expected, axis=1, keepdims=True),
+                               atol=1e-5)
 
 
 def test_minilm_embeddings_rank_paraphrases_first(minilm_embed):

@@ -31,8 +31,9 @@ TODAY = {
     "embed": "embed", "extract-features": "embed", "feature-extraction": "embed", "embedding": "embed",
     "fill-mask": "fill-mask", "fill_mask": "fill-mask", "mlm": "fill-mask",
     "multi-label": "multi-label", "multi_label_classification": "multi-label",
+    "sentence-embedding": "sentence-embedding", "sentence-similarity": "sentence-embedding",
 }
-PIPELINE = {"multi-label": "classify"}  # a family served by another family's pipeline
+PIPELINE = {"multi-label": "classify", "sentence-embedding": "embed"}  # a family served by another family's pipeline
 
 
 @pytest.mark.parametrize("name, family", sorted(TODAY.items()))
@@ -57,7 +58,9 @@ def test_each_family_is_declared_once_and_complete():
         assert issubclass(family.head, nn.Module)
         # A family that shares its head with another (multi-label: classify's) resolves by its names only.
         assert not family.architectures or family.architectures[0] == family.head.__name__
-        assert family.pipeline in PIPELINES and PIPELINES[family.pipeline].model_class is family.head
+        # The pipeline loads the family's head, or the class it extends (sentence-embedding's SentenceEncoder is
+        # a BertModel with its pooling: the embed pipeline reads that from the model directory).
+        assert family.pipeline in PIPELINES and issubclass(family.head, PIPELINES[family.pipeline].model_class)
         if family.pipeline_class:  # the family whose pipeline it is: the class and its module are named after it
             assert family_pipeline(family) is PIPELINES[family.pipeline]
             assert family_pipeline(family).task == family.pipeline == family.name
@@ -79,7 +82,7 @@ def test_the_cli_is_built_from_the_registry():
     defaults; `predict` runs each fine-tuned family's own predictor."""
     parser = build_parser()
     assert sub_commands(parser, "finetune") == [c.name for c in finetune_commands()] == [
-        "glue", "classify", "multi-label", "multiple-choice", "squad", "ner"]
+        "glue", "classify", "multi-label", "multiple-choice", "squad", "ner", "sentence-embedding"]
     own = {"glue": ["--task", "mrpc", "--data-dir", "g"]}
     for command in finetune_commands():
         args = parser.parse_args(["finetune", command.name, "--model", "m", "--output-dir", "o",
@@ -88,8 +91,8 @@ def test_the_cli_is_built_from_the_registry():
         assert (args.lr, args.batch_size, args.max_seq_length, args.recipe_epochs) == tuple(
             command.recipe[k] for k in ("lr", "batch_size", "max_seq_length", "epochs"))
     predictors = {name: TASKS[name].predict.run for name in ("classify", "multi-label", "multiple-choice", "answer",
-                                                             "tag")}
-    assert len(set(predictors.values())) == 5  # one each, from the family's own module
+                                                             "tag", "sentence-embedding")}
+    assert len(set(predictors.values())) == 6  # one each, from the family's own module
     for name, run in predictors.items():  # one name per family: its module is named after it
         assert run.__module__ == f"bertforge.tasks.{name.replace('-', '_')}"
 

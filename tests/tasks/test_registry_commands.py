@@ -13,11 +13,12 @@ import pytest
 
 from bertforge.cli import main
 from bertforge.modeling import BertForSequenceClassification, load_for_inference
+from bertforge.serving import pipeline
 from bertforge.serving.registry import pipeline_for_checkpoint, resolve_task
 from bertforge.tasks.classify import classification_task, predict_examples
 from bertforge.tasks.classify_features import convert_examples_to_features
 from bertforge.tasks.classify_reader import InputExample
-from bertforge.tasks.registry import (FinetuneCommand, PredictCommand, TaskFamily, family_for_checkpoint,
+from bertforge.tasks.registry import (Distillation, FinetuneCommand, PredictCommand, TaskFamily, family_for_checkpoint,
                                       register_family, resolve, unregister_family)
 from bertforge.tokenization import BertTokenizer
 from bertforge.training.finetune import FinetuneTask
@@ -38,6 +39,15 @@ def read_toy_file(path: str | Path) -> list[InputExample]:
             raise ValueError(f"{path}:{number}: expected label<TAB>text")
         examples.append(InputExample(str(number), text, None, label or None))
     return examples
+
+
+def read_toy_rows(path: str | Path, regression: bool = False, *, label_list=None,
+                  require_labels: bool = False) -> tuple[list[InputExample], list[str]]:
+    """The family's `reader` as the distiller calls a sentence family's: (examples, label names)."""
+    examples = read_toy_file(path)
+    if require_labels and any(e.label is None for e in examples):
+        raise ValueError(f"{path}: every row needs a label")
+    return examples, list(label_list or LABELS)
 
 
 def add_toy_flags(p: argparse.ArgumentParser) -> None:
@@ -77,12 +87,15 @@ def predict_toy(args: argparse.Namespace) -> None:
 
 TOY = TaskFamily(
     name="toy", aliases=("toy-task",), head=BertForSequenceClassification,
-    architectures=("BertForSequenceClassification",), reader=read_toy_file,
+    architectures=("BertForSequenceClassification",), reader=read_toy_rows,
     finetune=(FinetuneCommand("toy", "a toy classification task", add_toy_flags, toy_from_args,
                               dict(lr=1e-3, batch_size=4, max_seq_length=32, epochs=2.0), after=toy_after),),
     predict=PredictCommand(predict_toy, add_toy_predict_flags),
     pipeline="classify",  # served by the classifier's pipeline (serving binds the name)
     finetuning_tasks=("toy",), problem_types=("toy_classification",),
+    # distilled by the general distiller through the sentence families' adaptor (it reads with `reader`)
+    distill=Distillation("bertforge.distillation.classify:ClassifyAdaptor", ("classifier.weight", "classifier.bias"),
+                         dict(lr=1e-3, batch_size=4, max_seq_length=32, epochs=2.0)),
 )
 
 
@@ -135,6 +148,28 @@ def test_a_registered_family_adds_a_finetune_command_and_a_predictor(toy_family,
     # predict's shared checks come first: an --output that exists is refused without --overwrite.
     assert main(["predict", "--model", str(out), "--input", str(unlabelled), "--output", str(tmp_path / "p.tsv")]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+def test_a_registered_family_is_served_and_distilled(toy_family, tiny_dir, tmp_path):
+    """The same one-module family gets the server's route (`POST /v1/<any of its names>`, by its pipeline) and
+    `bertforge distill` (its `Distillation`'s adaptor, its reader, its recipe)."""
+    from starlette.testclient import TestClient  # optional extra
+
+    from bertforge.serving.server import create_app, load_pipelines
+    train = _write(tmp_path / "train.tsv", ROWS)
+    teacher = tmp_path / "teacher"
+    assert main(["finetune", "toy", "--train-file", str(train), "--dev-file", str(train), "--model", str(tiny_dir),
+                 "--output-dir", str(teacher), "--no-progress"]) == 0
+    with TestClient(create_app(load_pipelines(str(teacher)))) as client:
+        answer = client.post("/v1/toy-task", json={"texts": ["good movie", "bad film"]})
+        assert answer.status_code == 200 and answer.json()["pipeline"] == "classify"
+        assert [r["label"] for r in answer.json()["results"]] == [r["label"] for r in
+                                                                   pipeline("toy", model=teacher)(["good movie", "bad film"])]
+    student = tmp_path / "student"
+    assert main(["distill", "--teacher", str(teacher), "--train-file", str(train), "--dev-file", str(train),
+                 "--output-dir", str(student), "--layers", "1", "--no-progress"]) == 0
+    info = json.loads((student / "distillation.json").read_text())
+    assert info["family"] == "toy" and family_for_checkpoint(student) is TOY
 
 
 def test_the_recipe_is_the_shared_flags_defaults(toy_family):

@@ -35,7 +35,7 @@ from .answer import AnswerPipeline
 from .base import BASE_INPUTS, MASK_TOKEN, Feature, Pipeline, PipelineInputError, check_texts, windows
 from .multiple_choice import MultipleChoicePipeline, predict_multiple_choice
 from .classify import ClassifyPipeline
-from .embed import EmbedPipeline
+from .embed import EmbedPipeline, SimilarityPipeline
 from .fill_mask import FillMaskPipeline
 from .tag import TagPipeline
 
@@ -45,7 +45,7 @@ def pipeline(task: str | None = None, model: str | os.PathLike | None = None, *,
              onnx_model: str | os.PathLike | bytes | None = None, **kwargs: Any) -> Pipeline:
     """A ready pipeline: `pipeline("classify", model="runs/sst2/final")`.
 
-    task: fill-mask, classify, embed, tag, answer or multiple-choice, or any alias of the task registry
+    task: fill-mask, classify, embed (and its companion similarity), tag, answer or multiple-choice, or any alias of the task registry
     (`bertforge.tasks.registry`: "ner", "squad", "question-answering" ...); default: the checkpoint's
     pipeline (`pipeline_for_checkpoint`: its family's). backend: "torch" or "onnx". See `Pipeline` for the
     other arguments.
@@ -60,6 +60,7 @@ def pipeline(task: str | None = None, model: str | os.PathLike | None = None, *,
 
 __all__ = [
     "PIPELINES", "Pipeline", "PipelineInputError", "FillMaskPipeline", "ClassifyPipeline", "EmbedPipeline",
+    "SimilarityPipeline",
     "TagPipeline", "AnswerPipeline", "MultipleChoicePipeline", "TorchRunner", "Feature", "pipeline",
     "pipeline_class", "predict_multiple_choice", "register_pipeline", "resolve_task", "pipeline_for_checkpoint",
     "task_for_checkpoint", "group_entities",

@@ -151,6 +151,9 @@ class Pipeline:
     optional_request_inputs: tuple[str, ...] = ()
     # Request inputs whose items are lists of strings rather than strings (multiple choice's endings).
     nested_request_inputs: tuple[str, ...] = ()
+    # Pipelines served beside this one on the same model (`pipeline(name)`, `POST /v1/<name>`, and by default
+    # in `bertforge serve`): embed's `similarity`. Each is resolved by its own name (`serving.registry`).
+    companions: tuple[type["Pipeline"], ...] = ()
 
     def __init__(self, model: str | os.PathLike | nn.Module, tokenizer: BertTokenizer | None = None,
                  backend: str = "torch", device: str | torch.device | None = None,

@@ -1,25 +1,35 @@
-"""The `embed` pipeline: one vector per text, pooled from chosen encoder layers (feature extraction)."""
+"""The `embed` pipeline: one vector per text, pooled from chosen encoder layers (feature extraction, and the
+sentence embeddings of a bi-encoder); and its companion `similarity`: texts ranked by cosine to a query.
+
+A model directory that declares its pooling (a `bertforge finetune sentence-embedding` output, or a
+sentence-transformers directory such as all-MiniLM-L6-v2: `modules.json`, `1_Pooling/config.json`,
+`2_Normalize`) is embedded with that pooling and normalisation by default, and at its `max_seq_length`;
+a request for another pooling is refused. A bare encoder declares nothing: mean pooling, not normalised.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ...modeling import BertModel
+from ...tasks.sentence_embedding import CONFIG_KEY, SentencePooling, read_pooling
 from ..graphs import HiddenStatesGraph
 from ..registry import register_pipeline
-from .base import Pipeline, PipelineInputError
+from .base import Feature, Pipeline, PipelineInputError, check_texts
 
 
 @register_pipeline("embed")
 class EmbedPipeline(Pipeline):
-    """One vector per text: `pipe(texts, pooling="mean", layers=(-1,), normalize=False)`.
+    """One vector per text: `pipe(texts, pooling=None, layers=(-1,), normalize=None)`.
 
     pooling: "cls" (the [CLS] token's hidden state) or "mean" (the average over real tokens,
-    specials included, as sentence-transformers does). layers: encoder layers, -1 = last, 0 = first
-    (as `extract-features`); several are pooled each and concatenated in the order given (the
-    paper's feature-based setup concatenates the last four). Returns a float32 array (N, H x layers).
+    specials included, as sentence-transformers does); None: the model's declared pooling
+    (`declared`), else mean. normalize: to unit length; None: as the model declares, else False.
+    layers: encoder layers, -1 = last, 0 = first (as `extract-features`); several are pooled each and
+    concatenated in the order given (the paper's feature-based setup concatenates the last four).
+    Returns a float32 array (N, H x layers).
     """
 
     model_class = BertModel
@@ -29,15 +39,42 @@ class EmbedPipeline(Pipeline):
     request_options = {"pooling": (str,), "layers": (list,), "normalize": (bool,)}
     optional_request_inputs = ("text_pairs",)
 
+    def __init__(self, model: Any, *args: Any, max_length: int | None = None, **kwargs: Any) -> None:
+        declared = None
+        if not hasattr(model, "config"):  # a directory (a module passed in carries its config)
+            declared = read_pooling(model)
+        elif isinstance(model.config.extra.get(CONFIG_KEY), dict):
+            declared = SentencePooling(**model.config.extra[CONFIG_KEY])
+        if max_length is None and declared is not None and declared.max_seq_length:
+            max_length = declared.max_seq_length  # sentence-transformers' truncation
+        super().__init__(model, *args, max_length=max_length, **kwargs)
+        self.declared: SentencePooling | None = declared
+
     @classmethod
     def build_graph(cls, model):
         if not isinstance(model, BertModel):  # a head class: embed with its encoder
             model = model.bert
         return HiddenStatesGraph(model)
 
-    def preprocess(self, texts, text_pairs=None, pooling="mean", layers=(-1,), normalize=False):
+    def _settings(self, pooling: str | None, normalize: bool | None) -> tuple[str, bool]:
+        """The pooling and normalisation of a call: the caller's, else the model's declared ones."""
+        declared = self.declared
+        if pooling is None:
+            pooling = declared.pooling if declared is not None else "mean"
         if pooling not in ("cls", "mean"):
             raise PipelineInputError(f"pooling must be 'cls' or 'mean', got {pooling!r}")
+        if declared is not None and pooling != declared.pooling:
+            raise PipelineInputError(f"pooling {pooling!r}: the model declares {declared.pooling!r} pooling "
+                                     "(its embeddings were trained so); leave pooling out")
+        if normalize is None:
+            normalize = declared.normalize if declared is not None else False
+        return pooling, normalize
+
+    def check_options(self, pooling: str | None = None, normalize: bool | None = None, **options: Any) -> None:
+        self._settings(pooling, normalize)
+
+    def preprocess(self, texts, text_pairs=None, pooling=None, layers=(-1,), normalize=None):
+        self._settings(pooling, normalize)
         self._layer_indexes(layers)
         return self.encode_texts(texts, text_pairs)
 
@@ -54,11 +91,12 @@ class EmbedPipeline(Pipeline):
                                          f"(use -{num_layers}..{num_layers - 1})")
         return [index % num_layers for index in layers]
 
-    def postprocess(self, inputs, features, outputs, text_pairs=None, pooling="mean", layers=(-1,),
-                    normalize=False):
+    def pooled(self, features: Sequence[Feature], outputs: Sequence[dict[str, np.ndarray]], count: int,
+               pooling: str, layers: Sequence[int] = (-1,), normalize: bool = False) -> np.ndarray:
+        """(count, H x layers) float32: each feature's pooled vector at row `feature.example`."""
         indexes = self._layer_indexes(layers)
         hidden = self.config.hidden_size
-        vectors = np.zeros((len(inputs[0]), hidden * len(indexes)), dtype=np.float32)
+        vectors = np.zeros((count, hidden * len(indexes)), dtype=np.float32)
         for feature, output in zip(features, outputs):
             states = output["hidden_states"][indexes, :len(feature.input_ids)]  # (layers, S, H)
             pooled = states[:, 0] if pooling == "cls" else states.mean(axis=1)
@@ -67,10 +105,73 @@ class EmbedPipeline(Pipeline):
             vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors
 
+    def postprocess(self, inputs, features, outputs, text_pairs=None, pooling=None, layers=(-1,),
+                    normalize=None):
+        pooling, normalize = self._settings(pooling, normalize)
+        return self.pooled(features, outputs, len(inputs[0]), pooling, layers, normalize)
+
     def __call__(self, texts: Sequence[str], text_pairs: Sequence[str] | None = None, *, batch_size: int = 32,
-                 pooling: str = "mean", layers: Sequence[int] | int = (-1,), normalize: bool = False) -> np.ndarray:
+                 pooling: str | None = None, layers: Sequence[int] | int = (-1,),
+                 normalize: bool | None = None) -> np.ndarray:
         return super().__call__(texts, batch_size=batch_size, text_pairs=text_pairs, pooling=pooling,
                                 layers=layers, normalize=normalize)
 
 
-__all__ = ["EmbedPipeline"]
+@register_pipeline("similarity")
+class SimilarityPipeline(EmbedPipeline):
+    """Texts ranked by the cosine of their embeddings to a query (semantic search), each text embedded alone
+    with the model's pooling (`EmbedPipeline`). Served beside `embed` (`POST /v1/similarity`).
+
+    `pipe(queries, texts, top_k=None)`: `texts[i]` is the list of candidates of `queries[i]`; returns for each
+    query its candidates, most similar first: `[{"index": j, "text": texts[i][j], "score": cosine}, ...]`
+    (the first `top_k` when given).
+    """
+
+    request_inputs = ("queries", "texts")
+    optional_request_inputs = ()
+    nested_request_inputs = ("texts",)
+    request_options = {"top_k": (int,)}
+    chunk_batches = None  # a query and its candidates are ranked together
+
+    def check_inputs(self, inputs: tuple) -> tuple:
+        if len(inputs) != 2:
+            raise PipelineInputError("similarity takes queries and texts (a list of candidate texts per query)")
+        queries = self.check_tokens(check_texts(inputs[0], "queries"), "queries")
+        texts = inputs[1]
+        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+            raise PipelineInputError("texts must be a list of lists of strings (the candidates of each query)")
+        if len(texts) != len(queries):
+            raise PipelineInputError(f"{len(queries)} queries but {len(texts)} lists of texts")
+        rows = [self.check_tokens(check_texts(row, f"texts[{i}]", allow_empty_list=False), f"texts[{i}]")
+                for i, row in enumerate(texts)]
+        self.check_rows(len(queries) + sum(len(row) for row in rows), "queries and their texts")
+        return queries, rows
+
+    def check_options(self, top_k: int | None = None, **options: Any) -> None:
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+            raise PipelineInputError(f"top_k must be a positive integer, got {top_k!r}")
+
+    def preprocess(self, queries, texts, top_k=None):
+        flat = list(queries) + [text for row in texts for text in row]
+        return self.encode_texts(flat)
+
+    def postprocess(self, inputs, features, outputs, top_k=None):
+        queries, texts = inputs
+        pooling, _ = self._settings(None, None)
+        vectors = self.pooled(features, outputs, len(features), pooling, normalize=True)
+        results, start = [], len(queries)
+        for i, row in enumerate(texts):
+            scores = vectors[start:start + len(row)] @ vectors[i]
+            start += len(row)
+            order = np.argsort(-scores, kind="stable")[:top_k]
+            results.append([{"index": int(j), "text": row[j], "score": float(scores[j])} for j in order])
+        return results
+
+    def __call__(self, queries: Sequence[str], texts: Sequence[Sequence[str]], *, batch_size: int = 32,
+                 top_k: int | None = None) -> list[list[dict]]:
+        return Pipeline.__call__(self, queries, texts, batch_size=batch_size, top_k=top_k)
+
+
+EmbedPipeline.companions = (SimilarityPipeline,)
+
+__all__ = ["EmbedPipeline", "SimilarityPipeline"]
