@@ -43,9 +43,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queued-tokens", type=int, default=ServerSettings.max_queued_tokens,
                    help="model tokens of queued work past which a request is answered 429 with Retry-After "
                         "(the work queued before it, plus its own; one alone is always admitted), so that an "
-                        "admitted request starts within this work plus the call running: the default is ~26 s "
-                        "of all-MiniLM-L6-v2 on 2 CPU cores (~5,000 tokens/s); scale it with the model's "
-                        "throughput; 0: no bound")
+                        "admitted request starts within this work plus the call running. The default (one request at the "
+                        "default limits: 256 rows of 512 tokens) is ~25 s of all-MiniLM-L6-v2 on 2 idle CPU "
+                        "cores (~5,600 tokens/s); scale it with the model's throughput; 0: no bound")
     p.add_argument("--max-top-k", type=int, default=RequestLimits.max_top_k, help="fill-mask top_k per request")
     p.add_argument("--max-predictions", type=int, default=RequestLimits.max_predictions,
                    help="fill-mask [MASK]s x top_k per request")

@@ -179,11 +179,17 @@ class MicroBatcher:
         bound = self.settings.max_queued_tokens
         ahead = self.queued_before(job.priority[0])
         if bound and ahead and ahead + job.tokens > bound:
-            wait = retry_after(ahead + job.tokens - bound, self.tokens_per_second)
-            raise ApiError(429, f"the server is busy: {ahead} tokens of work are queued before this request's "
-                                f"{job.tokens}, over the bound of {bound} (max_queued_tokens); retry in {wait} s",
-                           headers={"Retry-After": str(wait)})
+            raise self._busy_error(ahead, job.tokens, bound)
         self.waiting_tokens[job.priority[0]] += job.tokens
+
+    def _busy_error(self, ahead: int, own: int | None, bound: int) -> ApiError:
+        """The 429 for a request with `ahead` tokens queued before it (and `own`, when counted), with
+        Retry-After: the seconds for the excess to run at the measured rate."""
+        wait = retry_after(ahead + (own or 1) - bound, self.tokens_per_second)
+        mine = f" request's {own}" if own is not None else " request"
+        return ApiError(429, f"the server is busy: {ahead} tokens of work are queued before this{mine}, over the "
+                             f"bound of {bound} (max_queued_tokens); retry in {wait} s",
+                        headers={"Retry-After": str(wait)})
 
     def _leave(self, job: _Job) -> None:
         """`job` no longer waits (taken into a call, answered or dropped): its tokens leave the queued work."""
@@ -200,6 +206,11 @@ class MicroBatcher:
         size = len(inputs[pipe.request_inputs[0]])
         key = (task, tuple(sorted(inputs)), tuple(sorted((k, _freeze(v)) for k, v in options.items())))
         loop = asyncio.get_running_loop()
+        cost = sum(_characters(value) for value in inputs.values())
+        size_class = cost.bit_length()
+        bound = self.settings.max_queued_tokens
+        if bound and self.queued_before(size_class) >= bound:  # refused whatever its own size: not counted
+            raise self._busy_error(self.queued_before(size_class), None, bound)
         try:
             tokens = await loop.run_in_executor(self.admission, work_tokens, pipe, inputs, options)
         except Exception:  # noqa: BLE001 - inputs the pipeline will refuse itself: counted at their most
@@ -207,7 +218,6 @@ class MicroBatcher:
         if self.draining:
             raise _shutting_down("the server is shutting down")
         future = loop.create_future()
-        cost = sum(_characters(value) for value in inputs.values())
         job = _Job(task, key, inputs, options, size, future, cost, next(self._arrivals), tokens)
         self._admit(job)
         self.queue.put_nowait(job)
