@@ -46,6 +46,10 @@ logger = logging.getLogger("bertforge.serve")
 
 # ---------------------------------------------------------------------------- micro-batching
 
+# A request of at most these characters has its tokens counted on the event loop (well under a
+# millisecond); a larger one on the admission thread, so that the loop keeps serving meanwhile.
+INLINE_COUNT_CHARACTERS = 4096
+
 
 @dataclass
 class _Job:
@@ -212,7 +216,10 @@ class MicroBatcher:
         if bound and self.queued_before(size_class) >= bound:  # refused whatever its own size: not counted
             raise self._busy_error(self.queued_before(size_class), None, bound)
         try:
-            tokens = await loop.run_in_executor(self.admission, work_tokens, pipe, inputs, options)
+            if cost <= INLINE_COUNT_CHARACTERS:  # a small request is counted at once, not behind large ones
+                tokens = work_tokens(pipe, inputs, options)
+            else:
+                tokens = await loop.run_in_executor(self.admission, work_tokens, pipe, inputs, options)
         except Exception:  # noqa: BLE001 - inputs the pipeline will refuse itself: counted at their most
             tokens = size * pipe.max_length
         if self.draining:
