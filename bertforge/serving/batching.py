@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from .admission import DEFAULT_TOKENS_PER_SECOND, SHUTDOWN_RETRY_AFTER_S, retry_after, work_tokens
+from .admission import (DEFAULT_TOKENS_PER_SECOND, SHUTDOWN_RETRY_AFTER_S, least_work_tokens, retry_after,
+                        work_tokens)
 from .pipelines import Pipeline, PipelineInputError
 from .server_metrics import Metrics
 from .server_settings import ApiError, ServerSettings
@@ -186,13 +187,13 @@ class MicroBatcher:
             raise self._busy_error(ahead, job.tokens, bound)
         self.waiting_tokens[job.priority[0]] += job.tokens
 
-    def _busy_error(self, ahead: int, own: int | None, bound: int) -> ApiError:
-        """The 429 for a request with `ahead` tokens queued before it (and `own`, when counted), with
-        Retry-After: the seconds for the excess to run at the measured rate."""
-        wait = retry_after(ahead + (own or 1) - bound, self.tokens_per_second)
-        mine = f" request's {own}" if own is not None else " request"
-        return ApiError(429, f"the server is busy: {ahead} tokens of work are queued before this{mine}, over the "
-                             f"bound of {bound} (max_queued_tokens); retry in {wait} s",
+    def _busy_error(self, ahead: int, own: int, bound: int, at_least: bool = False) -> ApiError:
+        """The 429 for a request of `own` tokens (`at_least`: a lower bound) with `ahead` tokens queued
+        before it, with Retry-After: the seconds for the excess to run at the measured rate."""
+        wait = retry_after(ahead + own - bound, self.tokens_per_second)
+        mine = f"at least {own}" if at_least else str(own)
+        return ApiError(429, f"the server is busy: {ahead} tokens of work are queued before this request's "
+                             f"{mine}, over the bound of {bound} (max_queued_tokens); retry in {wait} s",
                         headers={"Retry-After": str(wait)})
 
     def _leave(self, job: _Job) -> None:
@@ -213,8 +214,10 @@ class MicroBatcher:
         cost = sum(_characters(value) for value in inputs.values())
         size_class = cost.bit_length()
         bound = self.settings.max_queued_tokens
-        if bound and self.queued_before(size_class) >= bound:  # refused whatever its own size: not counted
-            raise self._busy_error(self.queued_before(size_class), None, bound)
+        if bound and self.queued_before(size_class):  # refused on a lower bound of its work: not tokenized
+            ahead, least = self.queued_before(size_class), least_work_tokens(pipe, inputs, options)
+            if ahead + least > bound:
+                raise self._busy_error(ahead, least, bound, at_least=True)
         try:
             if cost <= INLINE_COUNT_CHARACTERS:  # a small request is counted at once, not behind large ones
                 tokens = work_tokens(pipe, inputs, options)

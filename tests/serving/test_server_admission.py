@@ -25,7 +25,8 @@ pytest.importorskip("uvicorn", reason="the serve extra is not installed (pip ins
 httpx = pytest.importorskip("httpx", reason="httpx is needed for the server tests")
 
 from bertforge.serving import pipeline  # noqa: E402
-from bertforge.serving.admission import work_tokens  # noqa: E402
+from bertforge.serving import batching  # noqa: E402
+from bertforge.serving.admission import least_work_tokens, work_tokens  # noqa: E402
 from bertforge.serving.server import create_app  # noqa: E402
 from bertforge.serving.server_settings import ServerSettings  # noqa: E402
 from bertforge.tokenization import BertTokenizer  # noqa: E402
@@ -44,6 +45,12 @@ def test_work_is_counted_in_model_tokens(tiny_dirs):
     assert work_tokens(tag, {"texts": [long]}, {"stride": 31}) == 62 + 62 + 58 + 2 * 3
     answer = pipeline("answer", model=tiny_dirs["answer"])
     assert work_tokens(answer, {"questions": ["who ?"], "contexts": ["john smith"]}, {}) == 2 + 2 + 3
+    # The lower bound counted without the tokenizer (words), never above the count.
+    for pipe, inputs, options in ((classify, {"texts": ["a good film", "unbelievably, bad!"]}, {}),
+                                  (classify, {"texts": ["a good film " * 40]}, {}),
+                                  (tag, {"texts": [long]}, {"stride": 31}),
+                                  (answer, {"questions": ["who ?"], "contexts": [long]}, {})):
+        assert 0 < least_work_tokens(pipe, inputs, options) <= work_tokens(pipe, inputs, options)
 
 
 def _slow_classify(tiny_dirs, seconds: float):
@@ -56,10 +63,13 @@ def _slow_classify(tiny_dirs, seconds: float):
     return pipeline("classify", model=base.model_dir, runner=slow)
 
 
-def test_a_request_past_the_queued_work_bound_gets_429_with_retry_after(tiny_dirs):
+def test_a_request_past_the_queued_work_bound_gets_429_with_retry_after(tiny_dirs, monkeypatch):
     """One request runs, one waits (admitted: nothing waits before it), the next of the same size
-    would put the queued work over the bound: 429 with Retry-After, while both admitted ones succeed.
-    A small request is admitted still: no waiting work goes before it."""
+    would put the queued work over the bound: 429 with Retry-After, refused on its words alone (not
+    tokenized), while both admitted ones succeed. A small request is admitted still: no waiting work
+    goes before it."""
+    counted = []
+    monkeypatch.setattr(batching, "work_tokens", lambda *args: counted.append(args) or work_tokens(*args))
     pipe = _slow_classify(tiny_dirs, 0.8)
     texts = ["a good film " * 4] * 4  # 4 rows of 12 + 2 tokens: 56 tokens
     tokens = work_tokens(pipe, {"texts": texts}, {})
@@ -86,6 +96,7 @@ def test_a_request_past_the_queued_work_bound_gets_429_with_retry_after(tiny_dir
     assert "max_queued_tokens" in refused.json()["error"]
     assert [responses[n].status_code for n in ("running", "waiting", "small")] == [200, 200, 200]
     assert len(responses["waiting"].json()["results"]) == 4
+    assert len(counted) == 3  # running, waiting and small: the refused one was not tokenized
 
 
 def test_settings_refuse_a_bound_that_is_not_positive():
