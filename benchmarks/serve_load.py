@@ -31,11 +31,11 @@ them; one more client sends a ten-word embed request every `--small-every` s. At
 
 Records the server's RSS after `--warmup` s and at the end (growth in %), the small request's
 p50/p99, answers by status, each at-limit request's wait for its answer, and how the slow sockets
-were closed (408 by the header timeout, 503 by the connection cap). The admission check: the longest
-wait for a 200 is within `wait_bound_s`, the admission bound plus one call at the limits
-(`--max-queued-tokens` + the largest request's tokens) at the rate the server ran in the run (the
-tokens of the answered requests over the run's seconds), with `--wait-slack` for a rate that varies
-on a shared machine; a 429 is answered at once. The shutdown check: the process exits within
+were closed (408 by the header timeout, 503 by the connection cap). The admission check: no at-limit
+request waits longer than `wait_bound_s` for its answer (200 or 429): the admission bound plus one
+call at the limits (`--max-queued-tokens` + the largest request's tokens) at the rate the server ran
+in the run (the tokens of the answered requests over the run's seconds), with `--wait-slack` for a
+rate that varies on a shared machine. The shutdown check: the process exits within
 `--graceful-timeout` + 5 s of SIGTERM, and no request gets a 5xx other than the shutdown's 503.
 `ok`: those, no 5xx before SIGTERM, no connection error, growth <= `--max-growth` %, small p99 <=
 `--max-small-p99-ms`.
@@ -636,8 +636,8 @@ def run_at_limits(args) -> dict:
         result["wait_bound_s"] = round((bound + max(tokens.values())) / rate, 1)
         result["wait_slack"] = args.wait_slack
     longest, bound_s = result.get("longest_wait_200_s"), result.get("wait_bound_s")
-    result["admission_ok"] = (bound_s is not None and longest is not None and longest <= bound_s * (1 + args.wait_slack)
-                              and (result.get("longest_wait_429_s") or 0) <= 5.0)
+    longest = max(longest or 0, result.get("longest_wait_429_s") or 0)  # answered, 200 or 429, within the bound
+    result["admission_ok"] = bound_s is not None and 0 < longest <= bound_s * (1 + args.wait_slack)
     result["shutdown_ok"] = (result.get("exit_seconds_after_sigterm") is not None
                              and result["exit_seconds_after_sigterm"] <= args.graceful_timeout + 5
                              and result.get("exit_code_after_sigterm") in (0, -signal.SIGTERM)

@@ -7,7 +7,9 @@ model rows it will run, counted with the pipeline's tokenizer) and refuses one w
 `Retry-After` when the work that would run before it, plus its own, exceeds `max_queued_tokens`
 (`bertforge serve --max-queued-tokens`). The work "before it" follows the batcher's order: waiting
 requests of the same or a cheaper size class (the batcher takes the cheapest first), so a small
-request is not refused because large ones are queued; it does not wait for them either.
+request is not refused because large ones are queued; it does not wait for them either. Since cheaper
+requests overtake, each waiting request keeps a budget (the bound less its own work and the work
+before it), and a request larger than one forward batch that would overtake it by more is refused too.
 
 A request alone in the queue is always admitted (its own size is bounded by the per-request limits),
 so an admitted request starts after at most `max_queued_tokens` of queued work and the call already

@@ -64,6 +64,7 @@ class _Job:
     order: int = 0  # arrival
     tokens: int = 0  # model tokens it will run (`admission.work_tokens`)
     waiting: bool = True  # queued, not yet taken into a call (its tokens count as queued work)
+    budget: int = 0  # tokens that jobs admitted later may still put before it (cheaper ones overtake it)
 
     @property
     def priority(self) -> tuple[int, int]:
@@ -114,6 +115,7 @@ class MicroBatcher:
         # Counting a request's tokens runs the tokenizer: on its own thread, off the event loop.
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertforge-admission")
         self.waiting_tokens: collections.Counter[int] = collections.Counter()  # size class -> queued tokens
+        self.waiting: dict[int, _Job] = {}  # arrival -> job, of the jobs admitted and not yet taken
         self.tokens_per_second = DEFAULT_TOKENS_PER_SECOND  # measured on the calls run, for Retry-After
         self.draining = False  # shutting down: nothing more is taken
         self.running: list[_Job] = []  # the jobs of the call on the model thread
@@ -178,22 +180,51 @@ class MicroBatcher:
         """Tokens of the waiting jobs that the batcher would take before a new one of `size_class`."""
         return sum(tokens for cls, tokens in self.waiting_tokens.items() if cls <= size_class)
 
-    def _admit(self, job: _Job) -> None:
-        """ApiError(429) with Retry-After when the work queued before `job`, plus its own, exceeds
-        `max_queued_tokens`; a job with nothing queued before it is always admitted."""
+    def _refusal(self, size_class: int, own: int, at_least: bool = False) -> ApiError | None:
+        """The 429 (with Retry-After) for a new job of `size_class` and `own` tokens (`at_least`: a
+        lower bound), or None to admit it. Refused when the work queued before it plus its own exceeds
+        `max_queued_tokens` (a job with nothing queued before it is always admitted), or when it is
+        larger than one forward batch (`max_batch_tokens`) and would overtake a waiting job of a
+        larger size class by more than that job's budget: so the work run before any admitted job
+        stays within the bound, cheaper jobs admitted after it included (a job of one forward batch
+        or less overtakes freely: a short request is not refused because large ones wait)."""
         bound = self.settings.max_queued_tokens
-        ahead = self.queued_before(job.priority[0])
-        if bound and ahead and ahead + job.tokens > bound:
-            raise self._busy_error(ahead, job.tokens, bound)
-        self.waiting_tokens[job.priority[0]] += job.tokens
-
-    def _busy_error(self, ahead: int, own: int, bound: int, at_least: bool = False) -> ApiError:
-        """The 429 for a request of `own` tokens (`at_least`: a lower bound) with `ahead` tokens queued
-        before it, with Retry-After: the seconds for the excess to run at the measured rate."""
-        wait = retry_after(ahead + own - bound, self.tokens_per_second)
+        if not bound:
+            return None
         mine = f"at least {own}" if at_least else str(own)
-        return ApiError(429, f"the server is busy: {ahead} tokens of work are queued before this request's "
-                             f"{mine}, over the bound of {bound} (max_queued_tokens); retry in {wait} s",
+        ahead = self.queued_before(size_class)
+        if ahead and ahead + own > bound:
+            return self._busy_error(ahead + own - bound, f"{ahead} tokens of work are queued before this "
+                                                         f"request's {mine}, over the bound of {bound}")
+        if own > self.settings.max_batch_tokens:
+            for other in self.waiting.values():
+                if other.priority[0] > size_class and other.budget < own:
+                    return self._busy_error(self.queued_before(other.priority[0]),
+                                            f"this request's {mine} tokens would run before a waiting request "
+                                            f"that may wait for {other.budget} more, within the bound of {bound}")
+        return None
+
+    def _admit(self, job: _Job) -> None:
+        """Queue `job`'s work (`_refusal` says when not: ApiError 429), and take it from the budget of
+        the waiting jobs it will overtake."""
+        size_class = job.priority[0]
+        refusal = self._refusal(size_class, job.tokens)
+        if refusal is not None:
+            raise refusal
+        bound = self.settings.max_queued_tokens
+        if bound:
+            job.budget = max(0, bound - job.tokens - self.queued_before(size_class))
+            if job.tokens > self.settings.max_batch_tokens:
+                for other in self.waiting.values():
+                    if other.priority[0] > size_class:
+                        other.budget -= job.tokens
+        self.waiting[job.order] = job
+        self.waiting_tokens[size_class] += job.tokens
+
+    def _busy_error(self, excess: int, reason: str) -> ApiError:
+        """The 429: `reason`, and Retry-After the seconds for `excess` tokens to run at the measured rate."""
+        wait = retry_after(excess, self.tokens_per_second)
+        return ApiError(429, f"the server is busy: {reason} (max_queued_tokens); retry in {wait} s",
                         headers={"Retry-After": str(wait)})
 
     def _leave(self, job: _Job) -> None:
@@ -201,6 +232,7 @@ class MicroBatcher:
         if job.waiting:
             job.waiting = False
             self.waiting_tokens[job.priority[0]] -= job.tokens
+            self.waiting.pop(job.order, None)
 
     async def submit(self, task: str, inputs: dict[str, list[str]], options: dict[str, Any]) -> Any:
         """The request's results once its call has run; ApiError 429 (queue over its bound) or 503
@@ -213,11 +245,10 @@ class MicroBatcher:
         loop = asyncio.get_running_loop()
         cost = sum(_characters(value) for value in inputs.values())
         size_class = cost.bit_length()
-        bound = self.settings.max_queued_tokens
-        if bound and self.queued_before(size_class):  # refused on a lower bound of its work: not tokenized
-            ahead, least = self.queued_before(size_class), least_work_tokens(pipe, inputs, options)
-            if ahead + least > bound:
-                raise self._busy_error(ahead, least, bound, at_least=True)
+        if self.settings.max_queued_tokens and self.waiting:  # refused on a lower bound of its work: not tokenized
+            refusal = self._refusal(size_class, least_work_tokens(pipe, inputs, options), at_least=True)
+            if refusal is not None:
+                raise refusal
         try:
             if cost <= INLINE_COUNT_CHARACTERS:  # a small request is counted at once, not behind large ones
                 tokens = work_tokens(pipe, inputs, options)

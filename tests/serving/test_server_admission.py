@@ -99,6 +99,39 @@ def test_a_request_past_the_queued_work_bound_gets_429_with_retry_after(tiny_dir
     assert len(counted) == 3  # running, waiting and small: the refused one was not tokenized
 
 
+def test_a_cheaper_request_may_not_overtake_a_waiting_one_past_the_bound(tiny_dirs):
+    """The batcher runs cheaper requests first, so a large waiting request would wait for every
+    cheaper one admitted after it: one larger than a forward batch is refused when it would overtake
+    a waiting request by more than that one's budget (the bound less its own work and the work before
+    it); one of a forward batch or less still overtakes it."""
+    pipe = _slow_classify(tiny_dirs, 0.6)
+    waiting = ["a good film " * 30] * 4  # 1,440 characters, 4 rows of 64 tokens: 256
+    overtaking = ["a " * 30] * 4  # 240 characters (a cheaper class), 4 rows of 32 tokens: 128
+    assert work_tokens(pipe, {"texts": waiting}, {}) == 256 and work_tokens(pipe, {"texts": overtaking}, {}) == 128
+    settings = ServerSettings(micro_batching=False, max_batch_tokens=64, max_queued_tokens=256 + 100)
+    app = create_app({"classify": pipe}, settings)
+    responses: dict[str, httpx.Response] = {}
+
+    def send(name: str, body_texts: list[str]) -> None:
+        with httpx.Client(base_url=server.url, timeout=30) as http:
+            responses[name] = http.post("/v1/classify", json={"texts": body_texts})
+
+    with LiveServer(app) as server:
+        threads = []
+        for name, texts in (("running", ["a good film"]), ("waiting", waiting)):
+            threads.append(threading.Thread(target=send, args=(name, texts)))
+            threads[-1].start()
+            time.sleep(0.25)
+        send("overtaking", overtaking)  # nothing of its class or cheaper waits, but 128 > the budget of 100
+        send("small", ["bad"])  # one forward batch: overtakes freely
+        for thread in threads:
+            thread.join(30)
+    assert responses["overtaking"].status_code == 429, responses["overtaking"].text
+    assert "may wait for 100 more" in responses["overtaking"].json()["error"]
+    assert int(responses["overtaking"].headers["retry-after"]) >= 1
+    assert [responses[n].status_code for n in ("running", "waiting", "small")] == [200, 200, 200]
+
+
 def test_settings_refuse_a_bound_that_is_not_positive():
     with pytest.raises(ValueError, match="max_queued_tokens must be positive, got 0"):
         ServerSettings(max_queued_tokens=0)
