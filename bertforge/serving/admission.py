@@ -15,7 +15,7 @@ A request alone in the queue is always admitted (its own size is bounded by the 
 so an admitted request starts after at most `max_queued_tokens` of queued work and the call already
 running. `DEFAULT_MAX_QUEUED_TOKENS` is one request at the default limits (256 rows of 512 tokens):
 about 25 s of all-MiniLM-L6-v2 on 2 idle CPU cores, which ran about 5,600 tokens/s of 512-token rows
-under `benchmarks/serve_load.py --at-limits` (27 such requests in 630 s); scale it with the model's
+under `benchmarks/serve_load.py --at-limits` at 69374ad (27 such requests in 630 s); scale it with the model's
 throughput (a BERT-base serves about a sixth of that). On a loaded machine the rate drops (1,000
 tokens/s was measured beside other jobs), which is why Retry-After uses the rate measured on the
 calls the server ran, not this figure.
