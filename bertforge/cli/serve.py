@@ -40,6 +40,12 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="seconds to receive a request's headers (the connection is closed after)")
     p.add_argument("--max-connections", type=int, default=ServerSettings.max_connections,
                    help="open connections (more are answered 503 and closed)")
+    p.add_argument("--max-queued-tokens", type=int, default=ServerSettings.max_queued_tokens,
+                   help="model tokens of queued work past which a request is answered 429 with Retry-After "
+                        "(the work queued before it, plus its own; one alone is always admitted), so that an "
+                        "admitted request starts within this work plus the call running. The default (one request at the "
+                        "default limits: 256 rows of 512 tokens) is ~25 s of all-MiniLM-L6-v2 on 2 idle CPU "
+                        "cores (~5,600 tokens/s); scale it with the model's throughput; 0: no bound")
     p.add_argument("--max-top-k", type=int, default=RequestLimits.max_top_k, help="fill-mask top_k per request")
     p.add_argument("--max-predictions", type=int, default=RequestLimits.max_predictions,
                    help="fill-mask [MASK]s x top_k per request")
@@ -49,7 +55,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="smallest tag stride / answer doc_stride, as a fraction of the model's input length")
     p.add_argument("--num-threads", type=int, help="torch threads (default: torch's)")
     p.add_argument("--graceful-timeout", type=float, default=30.0,
-                   help="seconds to finish in-flight requests on shutdown")
+                   help="on SIGTERM/SIGINT: queued requests are answered 503 with Retry-After at once, the "
+                        "requests running get this many seconds to finish (else 503), and the process exits "
+                        "within it plus one forward batch")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     p.set_defaults(func=run)
 
@@ -75,6 +83,7 @@ def run(args: argparse.Namespace) -> None:
                               micro_batching=not args.no_micro_batching, max_body_bytes=args.max_body_bytes,
                               max_texts=args.max_texts, max_chars=args.max_chars, body_timeout_s=args.body_timeout,
                               header_timeout_s=args.header_timeout, max_connections=args.max_connections,
+                              max_queued_tokens=args.max_queued_tokens or None,
                               limits=RequestLimits(max_top_k=args.max_top_k, max_predictions=args.max_predictions,
                                                    max_rows=args.max_rows,
                                                    min_stride_fraction=args.min_stride_fraction))

@@ -33,8 +33,16 @@ gives a 500.
 
 Connections (`http_protocol`): headers must arrive within `header_timeout_s`, at most
 `max_connections` are open at once (more are answered 503 and closed).
-Shutdown (SIGINT/SIGTERM) stops accepting connections and finishes the requests in flight before
-the process exits.
+
+Admission (`admission`): a request whose work in model tokens, with the queued work that would run
+before it, exceeds `max_queued_tokens` is answered 429 with `Retry-After` before it is queued, so
+that an admitted request starts after a bounded wait instead of outwaiting its client.
+
+Shutdown (SIGINT/SIGTERM, `uvicorn_server`): the server stops accepting connections, answers every
+queued request that has not started 503 with `Retry-After` at once (never computing it), lets the call
+on the model thread finish within the graceful timeout (else answers its requests 503 just before it
+and stops the call at its next forward batch), and exits: within the graceful timeout plus one
+forward batch, with no 500.
 
 The pieces: settings and errors (`server_settings`), metrics (`server_metrics`), micro-batching
 (`batching`); this module reads and checks requests and builds the app.
@@ -279,6 +287,7 @@ def create_app(pipelines: dict[str, Pipeline], settings: ServerSettings | None =
                                                            "body_timeout_s": settings.body_timeout_s,
                                                            "header_timeout_s": settings.header_timeout_s,
                                                            "max_connections": settings.max_connections,
+                                                           "max_queued_tokens": settings.max_queued_tokens,
                                                            **dataclasses.asdict(settings.limits)}})
 
     async def metrics_endpoint(request: Request) -> Response:
@@ -326,6 +335,24 @@ def uvicorn_config(app: Starlette, host: str, port: int, **kwargs: Any) -> "uvic
     return uvicorn.Config(app, host=host, port=port, http=protocol_class(app.state.settings), **kwargs)
 
 
+def uvicorn_server(app: Starlette, host: str, port: int, graceful_timeout: float | None = 30.0,
+                   **kwargs: Any) -> "uvicorn.Server":
+    """A uvicorn server for an app of `create_app` whose shutdown drains the app's batcher first: the
+    queued requests are answered 503 at once and the running call gets `graceful_timeout` seconds
+    (see the module docstring), so that uvicorn never has to cancel a request (a 500 and a traceback)."""
+    import uvicorn  # optional extra
+
+    batcher = app.state.batcher
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets: list | None = None) -> None:
+            batcher.drain(self.config.timeout_graceful_shutdown)
+            await super().shutdown(sockets)
+
+    config = uvicorn_config(app, host, port, timeout_graceful_shutdown=graceful_timeout, **kwargs)
+    return DrainingServer(config)
+
+
 FILES_IN_RESERVE = 64  # descriptors the process needs besides its connections (model files, pipes, logs)
 
 
@@ -352,9 +379,8 @@ def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1
           settings: ServerSettings | None = None, backend: str = "torch", device: str | None = None,
           max_length: int | None = None, onnx_model: str | None = None, log_level: str = "info",
           graceful_timeout: float = 30.0, dtype: str | None = None) -> None:
-    """Load the model (exiting non-zero with the reason if it cannot) and serve until SIGINT/SIGTERM."""
-    import uvicorn  # optional extra
-
+    """Load the model (exiting non-zero with the reason if it cannot) and serve until SIGINT/SIGTERM,
+    then drain within `graceful_timeout` seconds (`uvicorn_server`)."""
     settings = settings or ServerSettings()
     settings.model, settings.backend, settings.dtype = str(model), backend, dtype or "fp32"
     try:
@@ -365,11 +391,10 @@ def serve(model: str, tasks: Sequence[str] | None = None, host: str = "127.0.0.1
     logger.info("serving %s (%s, %s) on http://%s:%d", ", ".join(pipelines), backend, settings.dtype, host, port)
     app = create_app(pipelines, settings)
     _fit_connections_to_files(settings)
-    server = uvicorn.Server(uvicorn_config(app, host, port, log_level=log_level,
-                                           timeout_graceful_shutdown=graceful_timeout))
+    server = uvicorn_server(app, host, port, graceful_timeout=graceful_timeout, log_level=log_level)
     server.run()
     if not server.started:  # could not bind, or startup failed: uvicorn logged why
         raise SystemExit(1)
 
 
-__all__ = ["create_app", "load_pipelines", "serve"]
+__all__ = ["create_app", "load_pipelines", "serve", "uvicorn_server"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .admission import DEFAULT_MAX_QUEUED_TOKENS
 from .limits import RequestLimits
 
 
@@ -23,6 +24,9 @@ class ServerSettings:
     body_timeout_s: float = 10.0  # to receive a request's whole body, however it trickles in
     header_timeout_s: float = 10.0  # to receive a request's headers, from the connection or the previous answer
     max_connections: int = 500  # open connections; more are answered 503 and closed
+    # Model tokens of queued work past which a request is answered 429 with Retry-After (`admission`);
+    # None: no bound.
+    max_queued_tokens: int | None = DEFAULT_MAX_QUEUED_TOKENS
     max_drain_bytes: int = 16 << 20  # of a refused body, read and dropped so that the client reads the answer
     drain_timeout_s: float = 5.0  # how long that reading may take
     limits: RequestLimits = field(default_factory=RequestLimits)
@@ -34,6 +38,8 @@ class ServerSettings:
         for name in ("header_timeout_s", "body_timeout_s", "drain_timeout_s", "max_connections", "max_batch_tokens"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.max_queued_tokens is not None and not self.max_queued_tokens > 0:
+            raise ValueError(f"max_queued_tokens must be positive, got {self.max_queued_tokens!r}")
         if self.max_drain_bytes < 0:
             raise ValueError(f"max_drain_bytes must be at least 0, got {self.max_drain_bytes!r}")
 

@@ -1,5 +1,6 @@
 """A real uvicorn server on a free loopback port, in a thread (tests only), configured as `bertforge
-serve` configures it (`uvicorn_config`: the guarded h11 protocol with the app's settings)."""
+serve` configures it (`uvicorn_server`: the guarded h11 protocol with the app's settings, the
+batcher drained on shutdown)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,15 @@ import time
 
 class LiveServer:
     def __init__(self, app, graceful_timeout: float = 10.0):
-        import uvicorn
-
-        from bertforge.serving.server import uvicorn_config
+        from bertforge.serving.server import uvicorn_server
 
         with socket.socket() as probe:  # a free port; the tiny race with another process is acceptable here
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.app = app
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn_config(app, "127.0.0.1", self.port, log_level="warning",
-                                timeout_graceful_shutdown=graceful_timeout)
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn_server(app, "127.0.0.1", self.port, graceful_timeout=graceful_timeout,
+                                     log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> "LiveServer":

@@ -45,7 +45,7 @@ def test_at_limit_requests_are_served_and_one_step_further_is_refused(served):
     with TestClient(create_app(pipes, settings)) as client:
         health = client.get("/health").json()
         bodies = serve_load.at_limit_bodies(health, model, sentences)
-        assert set(bodies) == {"fill-mask", "tag", "answer"}
+        assert set(bodies) == {"fill-mask", "tag", "answer", "embed"}
         headers = {"content-type": "application/json"}
         for name, body in bodies.items():
             r = client.post(f"/v1/{name}", content=body, headers=headers)
@@ -60,6 +60,11 @@ def test_at_limit_requests_are_served_and_one_step_further_is_refused(served):
         assert "max_rows" in client.post("/v1/tag", json=tag).json()["error"]
         r = client.post("/v1/embed", json={"texts": [serve_load.SMALL_TEXT]})
         assert r.status_code == 200
+        embed = json.loads(bodies["embed"])  # issue 61's load: max_texts texts of up to max_chars characters
+        assert len(embed["texts"]) == health["limits"]["max_texts"]
+        assert len(embed["texts"][0]) <= health["limits"]["max_chars"]
+        tokens = serve_load.body_tokens(model, bodies, None)  # what the server counts for admission
+        assert 0 < tokens["tag"] <= 12 * 64 and tokens["embed"] == 64 * 64  # rows x at most 64 tokens
 
 
 def test_slow_sockets_are_closed_by_the_header_timeout_and_renewed(served):
