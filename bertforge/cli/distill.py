@@ -18,7 +18,7 @@ from typing import Any
 
 from ..distillation import distill_task
 from ..distillation.augment import check_masked_lm
-from ..distillation.run import check_augmentable, check_options, check_teacher
+from ..distillation.run import check_augmentable, check_options, check_paths, check_teacher
 from ..modeling import BertConfig
 from ..modeling.pretrained import resolve_model_dir
 from ..tasks.registry import Distillation
@@ -101,6 +101,8 @@ def check(args: argparse.Namespace) -> None:
     args.teacher = str(resolve_model_dir(args.teacher))
     if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
         raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
+    # nothing written into the user's models, nor where nothing can be written (`check_paths`)
+    check_paths(args.teacher, args.output_dir, args.cache_dir, args.student, args.augment_mlm)
     if not (math.isfinite(args.intermediate_weight) and args.intermediate_weight >= 0):
         raise ValueError(f"--intermediate-weight must be 0 or more, got {args.intermediate_weight:g}")
     if args.labels_only and args.intermediate is not None:
@@ -113,7 +115,10 @@ def check(args: argparse.Namespace) -> None:
         if getattr(args, dest, None) is not None and dest not in distillation.options:
             raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
     args.family_options = {dest: getattr(args, dest, None) for dest in distillation.options}
-    settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
+    recipe = settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
+    lrs, seeds = _grid(args)  # an OUT holding a run (without --resume) is refused before the teacher's pass
+    engine.check_output_dir(args.output_dir, args.resume, engine.grid_runs(
+        args.lr if args.lr is not None else recipe["lr"], args.seed, lrs, seeds))
     for flag, path in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{flag} {path}: no such file")

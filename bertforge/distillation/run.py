@@ -17,17 +17,18 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from .._files import check_writable
 from ..modeling import BertConfig
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TASKS, Distillation, TaskFamily, checkpoint_config, family_for_checkpoint
-from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
+from ..training.finetune import FinetuneArguments, FinetuneTask, check_output_dir, finetune_grid, grid_runs
 from .cache import default_cache_dir
 from .distiller import Adaptor, DistillRun, general_distill_task
 from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
 from .student import check_student, student_config
 
-__all__ = ["adaptor_for", "check_augmentable", "check_options", "check_teacher", "distill", "distill_task",
-           "distilled_families"]
+__all__ = ["adaptor_for", "check_augmentable", "check_options", "check_paths", "check_teacher", "distill",
+           "distill_task", "distilled_families"]
 
 
 def distilled_families(what: str | None = None) -> list[str]:
@@ -119,6 +120,42 @@ def check_augmentable(family: TaskFamily, augment: int) -> None:
                          f"(supported: {', '.join(distilled_families('augment'))})")
 
 
+def _within(path: Path, directory: Path) -> bool:
+    """Whether `path` is `directory` or lies under it (both resolved: symlinks followed)."""
+    return path == directory or directory in path.parents
+
+
+def check_paths(teacher_dir: str | os.PathLike, output_dir: str | os.PathLike, cache_dir: str | os.PathLike | None,
+                student: str | None = None, augment_mlm: str | os.PathLike | None = None) -> Path:
+    """The directories the run writes judged before any work (ValueError, one line naming the flag); returns
+    the cache directory (`cache_dir`, else OUT/teacher_outputs).
+
+    The models the user gives (--teacher, a --student checkpoint, --augment-mlm) are inputs and are never
+    written: neither --output-dir nor the cache (--cache-dir, or OUT/teacher_outputs) may be one of them or
+    lie inside one. Both must be places a directory can be created and written (`check_writable`: not
+    under a file, not on a read-only or pseudo file system, names within the file system's limits), so
+    that a refusal comes before the teacher's pass, not after it."""
+    output = Path(output_dir)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
+    cache_flag = "--cache-dir" if cache_dir is not None else f"--output-dir (its {cache.name}/, the teacher's outputs)"
+    inputs = [("--teacher", "the teacher's", Path(teacher_dir))]
+    if student is not None and Path(student).is_dir():
+        inputs.append(("--student", "the student checkpoint's", Path(student)))
+    if augment_mlm is not None:
+        inputs.append(("--augment-mlm", "the masked language model's", Path(augment_mlm)))
+    written = (("--output-dir", output, "another --output-dir"),
+               (cache_flag, cache, "another --cache-dir" if cache_dir is not None else "another --output-dir"))
+    for flag, path, remedy in written:
+        for given, whose, model in inputs:
+            if _within(path.resolve(), model.resolve()):
+                where = "is" if path.resolve() == model.resolve() else "is inside"
+                raise ValueError(f"{flag} {path} {where} {whose} directory ({given} {model}), an input that is "
+                                 f"never written to; give {remedy}")
+    check_writable(output, "--output-dir", directory=True)
+    check_writable(cache, cache_flag, directory=True)
+    return cache
+
+
 def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *, output_dir: str | os.PathLike,
                  layers: int | None = None, student: str | None = None, intermediate: str | None = None,
                  layer_map: str | None = None, intermediate_weight: float = 1.0, student_vocab: bool = False,
@@ -144,9 +181,10 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of the {family.name} family's distillation "
                          f"(its own: {', '.join(distillation.options) or 'none'})")
+    cache = check_paths(teacher_dir, output_dir, cache_dir, student, augment_mlm)  # before the data and the teacher
     run = DistillRun(
         family=family, teacher_dir=teacher_dir, config=config, train_file=train_file, output_dir=output_dir,
-        cache_dir=Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir),
+        cache_dir=cache,
         dev_file=dev_file, unlabeled=unlabeled, layers=layers, student=student, temperature=temperature,
         alpha=alpha, max_seq_length=max_seq_length, eval_batch_size=eval_batch_size, labels_only=labels_only,
         device=device, intermediate=parse_intermediate(intermediate) if intermediate is not None else (),
@@ -159,6 +197,8 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
 def distill(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, args: FinetuneArguments, *,
             lrs: Sequence[float] | None = None, seeds: Sequence[int] | None = None, **options: Any) -> dict[str, Any]:
     """Distil into `args.output_dir` (the engine's `finetune_grid`: one run, or a grid of learning rates /
-    seeds); returns its results (eval_results.json, or the grid's summary)."""
+    seeds); returns its results (eval_results.json, or the grid's summary). An OUT that already holds a run
+    (without `args.resume`) is refused before the teacher's pass (`check_output_dir`)."""
+    check_output_dir(args.output_dir, args.resume, grid_runs(args.lr, args.seed, lrs, seeds))
     task = distill_task(teacher_dir, train_file, output_dir=args.output_dir, **options)
     return finetune_grid(task, args, lrs, seeds)
