@@ -18,6 +18,7 @@ from typing import Any
 
 from ..distillation import distill_task
 from ..distillation.augment import check_masked_lm
+from ..distillation.objectives import TEMPERATURE_RANGE, check_temperature
 from ..distillation.run import check_augmentable, check_options, check_paths, check_teacher
 from ..modeling import BertConfig
 from ..modeling.pretrained import resolve_model_dir
@@ -46,7 +47,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="more transfer text: one text per line (text<TAB>text_pair for a pair; a tagger: one "
                    "sentence per line, words split on whitespace); repeatable")
     p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the soft targets "
-                   "(the KL term is scaled by T^2)")
+                   f"(the KL term is scaled by T^2), from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g} "
+                   "(default: 2)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the hard-label loss on labelled examples "
                    "(0: soft targets only)")
     p.add_argument("--labels-only", action="store_true", help="the control: the same student trained on the labels "
@@ -85,8 +87,7 @@ FAMILY_FLAGS = {"version": "--version", "doc_stride": "--doc-stride", "tune_thre
 
 def check(args: argparse.Namespace) -> None:
     """The flags and both models judged before any data is read or a model loads."""
-    if not (math.isfinite(args.temperature) and args.temperature > 0):
-        raise ValueError(f"--temperature must be a positive number, got {args.temperature:g}")
+    check_temperature(args.temperature)
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be 0 or more, got {args.alpha:g}")
     if args.augment < 0:

@@ -25,6 +25,7 @@ from ..training.finetune import FinetuneArguments, FinetuneTask, check_output_di
 from .cache import default_cache_dir
 from .distiller import Adaptor, DistillRun, general_distill_task
 from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
+from .objectives import check_temperature
 from .student import check_student, student_config
 
 __all__ = ["adaptor_for", "check_augmentable", "check_options", "check_paths", "check_teacher", "distill",
@@ -177,6 +178,7 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     check_options(teacher_dir, family, config, layers, student, intermediate=intermediate, layer_map=layer_map,
                   student_vocab=student_vocab)
     check_augmentable(family, augment)
+    check_temperature(temperature)
     unknown = sorted(set(options) - set(distillation.options))
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of the {family.name} family's distillation "

@@ -47,6 +47,7 @@ from .._files import LOCK, RUNNING, finish_run, mark_running, own_directory
 from ..modeling import use_unpadded
 from .checkpoint import atomic_write, latest_checkpoint
 from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer
+from .state import NonFiniteLossError
 from .order import length_grouped_order
 from .settings import RunSettings, override, setting
 
@@ -100,6 +101,8 @@ class FinetuneTask:
     lengths: Sequence[int] | None = None  # tokens per training feature, for length-grouped batches
     count_fn: CountFn | None = None  # e.g. labelled tokens for a token-level loss
     extra_files: Callable[[Path], None] | None = None  # anything else the task keeps with the model
+    # the likely causes of a non-finite loss in this task, in place of the optimisation's (NonFiniteLossError)
+    divergence_advice: str | None = None
 
 
 def _json_dump(path: Path, value: Any) -> None:
@@ -190,7 +193,12 @@ def _finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     if trainer.context.is_main:  # until the end, OUT's model and results are not a finished run's
         mark_running(output_dir, f"bertforge fine-tuning ({task.name})")
     started = time.perf_counter()
-    result = trainer.train(resume_from=resume)
+    try:
+        result = trainer.train(resume_from=resume)
+    except NonFiniteLossError as error:
+        if task.divergence_advice is None:
+            raise
+        raise error.with_advice(task.divergence_advice) from None
     wall = time.perf_counter() - started
     if trainer.context.is_main:
         best = json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bertforge.cli import main
+from bertforge.cli import build_parser, main
 from bertforge.distillation import distill, distill_task
+from bertforge.distillation import cache as cache_module
 from bertforge.distillation import distiller as distiller_module
 from bertforge.training.finetune import FinetuneArguments
+from bertforge.training.loop import Trainer
 
 from .test_distill import encoder, make_teacher, sentences, teacher, write_classify  # noqa: F401 (fixtures)
 
@@ -129,3 +133,88 @@ def test_a_cache_that_cannot_be_made_is_refused_before_the_teacher(teacher, tmp_
         (tmp_path / "ran" / "log.jsonl").write_text("{}\n")
         distill(teacher, train, FinetuneArguments(output_dir=tmp_path / "ran", max_steps=1, progress=False))
     assert json.loads((tmp_path / "ran" / "log.jsonl").read_text()) == {}
+
+
+# ---------------------------------------------------------------------------- 8: the teacher cache's integrity
+
+@pytest.mark.parametrize("damage", ["zeros", "nan", "truncated", "settings"])
+def test_a_damaged_teacher_cache_is_reported_and_recomputed(teacher, tmp_path, caplog, damage):  # noqa: F811
+    """logits.npy overwritten (zeros or NaN of the same size, cut short) or meta.json's settings changed: one
+    warning line, the outputs computed again, the same teacher dev metrics as the intact cache's."""
+    train = write_classify(tmp_path / "train.csv", sentences(24, 1))
+    dev = write_classify(tmp_path / "dev.csv", sentences(16, 2))
+    cache = tmp_path / "cache"
+    command = ["distill", "--teacher", str(teacher), "--train-file", str(train), "--dev-file", str(dev),
+               "--cache-dir", str(cache), "--max-steps", "1", "--batch-size", "24", "--no-progress"]
+    assert main(command + ["--output-dir", str(tmp_path / "a")]) == 0
+    first = json.loads((tmp_path / "a" / "distillation.json").read_text())["teacher_dev_metrics"]
+    entries = sorted(p for p in cache.iterdir() if not p.name.startswith("."))
+    intact = {entry: np.load(entry / "logits.npy").copy() for entry in entries}
+    for entry, logits in intact.items():
+        path = entry / "logits.npy"
+        if damage == "zeros":
+            np.save(path, np.zeros_like(logits))
+        elif damage == "nan":
+            np.save(path, np.full_like(logits, np.nan))
+        elif damage == "truncated":
+            path.write_bytes(path.read_bytes()[:-8])
+        else:
+            meta = json.loads((entry / "meta.json").read_text())
+            meta["settings"]["what"] = "something else"
+            (entry / "meta.json").write_text(json.dumps(meta))
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        assert main(command + ["--output-dir", str(tmp_path / "b")]) == 0
+    warnings = [r.getMessage() for r in caplog.records if "are damaged" in r.getMessage()]
+    assert len(warnings) == 2 and all("\n" not in w and "computing them again" in w for w in warnings)
+    assert json.loads((tmp_path / "b" / "distillation.json").read_text())["teacher_dev_metrics"] == first
+    for entry, logits in intact.items():  # repaired in place: the next student reads them back
+        np.testing.assert_array_equal(np.load(entry / "logits.npy"), logits)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertforge"):
+        assert main(command + ["--output-dir", str(tmp_path / "c")]) == 0
+    assert not [r for r in caplog.records if "are damaged" in r.getMessage()]
+
+
+def test_the_cache_store_verifies_and_refuses_non_finite_outputs(tmp_path):
+    settings = {"what": "x", "rows": 3}
+    arrays = cache_module.teacher_outputs(tmp_path, "k", lambda: {"x": np.arange(6.0).reshape(3, 2)}, rows=3,
+                                          settings=settings)
+    meta = json.loads((tmp_path / "k" / "meta.json").read_text())
+    assert meta["settings"] == settings and len(meta["arrays"]["x"]["sha256"]) == 64
+    assert arrays["x"].tolist() == [[0, 1], [2, 3], [4, 5]]
+    # other settings under the same key: not trusted, recomputed
+    again = cache_module.teacher_outputs(tmp_path, "k", lambda: {"x": np.ones((3, 2))}, rows=3,
+                                         settings={"what": "y", "rows": 3})
+    assert again["x"].tolist() == [[1, 1]] * 3
+    # a teacher whose outputs hold NaN or +inf: refused, nothing stored (-inf: a position without probability)
+    with pytest.raises(ValueError, match=r"the teacher's outputs hold 2 NaN or \+inf value\(s\) in 'x'"):
+        cache_module.teacher_outputs(tmp_path, "bad", lambda: {"x": np.array([np.nan, np.inf, -np.inf])})
+    assert not (tmp_path / "bad").exists() and not list(tmp_path.glob(".bad*"))
+    kept = cache_module.teacher_outputs(tmp_path, "masked", lambda: {"x": np.array([0.5, -np.inf], np.float32)})
+    assert kept["x"].tolist() == [0.5, -np.inf]
+
+
+def test_temperature_is_bounded_and_a_diverged_distillation_names_its_causes(teacher, tmp_path, capsys,  # noqa: F811
+                                                                              monkeypatch):
+    train = write_classify(tmp_path / "train.csv", sentences(24, 1))
+    base = ["distill", "--teacher", str(teacher), "--train-file", str(train), "--output-dir", str(tmp_path / "out"),
+            "--max-steps", "3", "--batch-size", "8", "--no-progress", "--cache-dir", str(tmp_path / "cache")]
+    distill_parser = build_parser()._subparsers._group_actions[0].choices["distill"]
+    assert "from 0.1 to 100" in " ".join(distill_parser.format_help().split())  # the bound, stated in --help
+    for value in ("1e30", "1e-30", "nan", "0", "-1", "200"):
+        err = _error(capsys, base + ["--temperature", value])
+        assert "--temperature must be a positive number from 0.1 to 100" in err
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+    with pytest.raises(ValueError, match="--temperature must be a positive number from 0.1 to 100"):
+        distill_task(teacher, train, output_dir=tmp_path / "lib", temperature=1e30)
+    # a loss that turns NaN: exit 1 (a failed run, not a usage error), one line naming the distillation's causes
+    original = Trainer._optimizer_step
+
+    def diverges_at_step_2(self, step_loss):
+        original(self, step_loss * float("nan") if self.step >= 1 else step_loss)
+
+    monkeypatch.setattr(Trainer, "_optimizer_step", diverges_at_step_2)
+    assert main(base + ["--temperature", "3"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bertforge distill: error: the loss is not finite (NaN or inf) at step 2") and "\n" not in err
+    assert "--temperature 3" in err and f"cached in {tmp_path / 'cache'}" in err and "--lr" in err
