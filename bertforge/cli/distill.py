@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..distillation import distill_task
-from ..distillation.augment import check_masked_lm
+from ..distillation.augment import MAX_AUGMENT, MAX_AUGMENTED_TEXTS, check_augment, check_masked_lm
 from ..distillation.objectives import TEMPERATURE_RANGE, check_temperature
 from ..distillation.run import check_augmentable, check_options, check_paths, check_teacher
 from ..modeling import BertConfig
@@ -63,7 +63,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "it reads its own tokenization of each example (classify teachers: sentence-level outputs)")
     p.add_argument("--augment", type=int, default=0, metavar="N", help="add N augmented copies of each training "
                    "text to the transfer set (soft targets only): words masked (p 0.1) or replaced (p 0.1), then a "
-                   "1-5 word window kept (p 0.25), as Tang et al. 2019 (default: 0, none)")
+                   f"1-5 word window kept (p 0.25), as Tang et al. 2019; N at most {MAX_AUGMENT}, and at most "
+                   f"{MAX_AUGMENTED_TEXTS:,} augmented texts in all (the transfer set is held in memory) "
+                   "(default: 0, none)")
     p.add_argument("--augment-seed", type=int, default=0, help="the augmentation's seed, apart from --seed: one "
                    "augmented set (and one cache of the teacher's outputs) for every student (default: 0)")
     p.add_argument("--augment-mlm", metavar="DIR", help="replace words as TinyBERT does: a one-piece word by one of "
@@ -90,8 +92,7 @@ def check(args: argparse.Namespace) -> None:
     check_temperature(args.temperature)
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be 0 or more, got {args.alpha:g}")
-    if args.augment < 0:
-        raise ValueError(f"--augment must be 0 or more, got {args.augment}")
+    check_augment(args.augment)  # its total (copies × training texts) once the training file is read
     if args.augment and args.labels_only:
         raise ValueError("--augment adds unlabelled text, which --labels-only cannot learn from; give one of them")
     if args.augment_mlm is not None:

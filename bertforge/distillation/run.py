@@ -22,6 +22,7 @@ from ..modeling import BertConfig
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TASKS, Distillation, TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, check_output_dir, finetune_grid, grid_runs
+from .augment import check_augment
 from .cache import default_cache_dir
 from .distiller import Adaptor, DistillRun, general_distill_task
 from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
@@ -178,6 +179,7 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     check_options(teacher_dir, family, config, layers, student, intermediate=intermediate, layer_map=layer_map,
                   student_vocab=student_vocab)
     check_augmentable(family, augment)
+    check_augment(augment)  # the copies per text; their total when the training file is read (`augmented_transfer`)
     check_temperature(temperature)
     unknown = sorted(set(options) - set(distillation.options))
     if unknown:

@@ -17,6 +17,7 @@ import pytest
 
 from bertforge.cli import build_parser, main
 from bertforge.distillation import distill, distill_task
+from bertforge.distillation import augment as augment_module
 from bertforge.distillation import cache as cache_module
 from bertforge.distillation import distiller as distiller_module
 from bertforge.training.finetune import FinetuneArguments
@@ -218,3 +219,52 @@ def test_temperature_is_bounded_and_a_diverged_distillation_names_its_causes(tea
     err = capsys.readouterr().err.strip()
     assert err.startswith("bertforge distill: error: the loss is not finite (NaN or inf) at step 2") and "\n" not in err
     assert "--temperature 3" in err and f"cached in {tmp_path / 'cache'}" in err and "--lr" in err
+
+
+# ---------------------------------------------------------------------------- 7: --augment within stated bounds
+
+def test_augment_is_bounded_before_any_text_is_made(teacher, tmp_path, capsys, monkeypatch):  # noqa: F811
+    train = write_classify(tmp_path / "train.csv", sentences(12, 1))
+    base = ["distill", "--teacher", str(teacher), "--train-file", str(train), "--output-dir", str(tmp_path / "out"),
+            "--max-steps", "1", "--batch-size", "12", "--no-progress"]
+    distill_parser = build_parser()._subparsers._group_actions[0].choices["distill"]
+    assert "N at most 100, and at most 2,000,000 augmented texts in all" in " ".join(distill_parser.format_help().split())
+
+    def fail(*args, **kwargs):
+        pytest.fail("work started before the refusal")
+    monkeypatch.setattr(distiller_module, "load_for_inference", fail)
+    monkeypatch.setattr(distiller_module, "teacher_outputs", fail)
+    monkeypatch.setattr(augment_module, "iter_augmented", fail)
+    for value in ("100000000", "101", "-1"):
+        assert "--augment must be 0 or more, at most 100 copies of each training text" in _error(capsys, base + ["--augment", value])
+    with pytest.raises(ValueError, match="--augment must be 0 or more, at most 100"):
+        distill_task(teacher, train, output_dir=tmp_path / "lib", augment=10 ** 8)
+    # the total: copies × training texts, judged once the file is read, before any copy is made
+    monkeypatch.setattr(augment_module, "MAX_AUGMENTED_TEXTS", 100)
+    assert "--augment 10: 10 copies of 12 training texts are 120 augmented texts, over the limit of 100 (the " \
+        "transfer set is held in memory); give at most 8" in _error(capsys, base + ["--augment", "10"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_augmented_texts_are_streamed_to_the_cache_and_read_back(tmp_path, monkeypatch):
+    examples = [(text, None) for text, _ in sentences(30, 4)]
+    rows = augment_module.augmented_transfer(tmp_path, examples, 5, seed=3)
+    assert rows == augment_module.augment_texts(examples, 5, 3, augment_module.unigram_words([t for t, _ in examples]))
+    stored, = tmp_path.glob("augmented-*.json")
+    lines = stored.read_text().splitlines()
+    assert len(lines) == 150 + 2 and [tuple(r) for r in json.loads(stored.read_text())] == rows  # one row a line
+    monkeypatch.setattr(augment_module, "iter_augmented", lambda *a, **k: pytest.fail("made again"))
+    assert augment_module.augmented_transfer(tmp_path, examples, 5, seed=3) == rows
+    # a write that fails midway leaves no file that could be read back as finished
+    monkeypatch.undo()
+    real = augment_module.iter_augmented
+
+    def dies(*args, **kwargs):
+        for count, row in enumerate(real(*args, **kwargs)):
+            if count == 20:
+                raise RuntimeError("killed")
+            yield row
+    monkeypatch.setattr(augment_module, "iter_augmented", dies)
+    with pytest.raises(RuntimeError, match="killed"):
+        augment_module.augmented_transfer(tmp_path / "b", examples, 5, seed=3)
+    assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith("augmented-")]
