@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from bertforge.cli import build_parser, main
 from bertforge.distillation import distill, distill_task
@@ -23,6 +24,8 @@ from bertforge.distillation import distiller as distiller_module
 from bertforge.training.finetune import FinetuneArguments
 from bertforge.training.loop import Trainer
 
+from ..tasks.conftest import _stopped_and_resumed
+from .test_augment import goemotions  # noqa: F401 (a fixture: GoEmotions rows and a multi-label teacher)
 from .test_distill import encoder, make_teacher, sentences, teacher, write_classify  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -268,3 +271,66 @@ def test_augmented_texts_are_streamed_to_the_cache_and_read_back(tmp_path, monke
     with pytest.raises(RuntimeError, match="killed"):
         augment_module.augmented_transfer(tmp_path / "b", examples, 5, seed=3)
     assert not [p for p in (tmp_path / "b").iterdir() if p.name.startswith("augmented-")]
+
+
+# ---------------------------------------------------------------------------- 1: a multi-label student resumes
+
+@pytest.mark.parametrize("per_label", [False, True])
+def test_a_multi_label_distillation_stopped_after_an_evaluation_resumes(goemotions, tmp_path, per_label):
+    """The student's evaluation tunes its decision threshold(s) into its config (`LEARNED_BY_EVALUATION`); a
+    distillation stopped after one resumes from the checkpoint saved after it and ends with the weights,
+    thresholds and best model of a run never stopped."""
+    data, teacher = goemotions
+    if per_label:  # a teacher with a threshold per label: the student tunes one per label too
+        teacher = Path(shutil.copytree(teacher, tmp_path / "teacher", ignore=shutil.ignore_patterns("checkpoints")))
+        config = json.loads((teacher / "config.json").read_text())
+        config["multi_label_thresholds"] = {name: 0.3 for name in config["id2label"].values()}
+        (teacher / "config.json").write_text(json.dumps(config))
+
+    def make_task():
+        return distill_task(teacher, data / "train.tsv", dev_file=data / "dev.tsv", output_dir=tmp_path / "out",
+                            layers=1, max_seq_length=32, cache_dir=tmp_path / "cache")
+
+    args = FinetuneArguments(output_dir=tmp_path / "out", lr=1e-3, epochs=3, batch_size=8, progress=False,
+                             log_every=1, save_every=3)
+    # 40 rows: 5 steps an epoch, evaluations at steps 5, 10, 15; stopped in the one at step 10, resumed from step 9
+    straight, resumed, resumed_from = _stopped_and_resumed(make_task, args, stop_at_evaluation=2)
+    assert resumed_from["multi_label_threshold"] is not None and \
+        ("multi_label_thresholds" in resumed_from) == per_label
+    assert resumed["step"] == straight["step"] == 15
+    for name, tensor in straight["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    assert resumed["config"] == straight["config"]
+    for name in ("config.json", "eval_results.json", "distillation.json"):
+        mine, theirs = (json.loads((directory / name).read_text()) for directory in (tmp_path / "out",
+                                                                                      tmp_path / "out_straight"))
+        mine.pop("wall_seconds", None), theirs.pop("wall_seconds", None)
+        assert mine == theirs, name
+
+
+def test_a_multi_label_distill_command_killed_after_an_evaluation_resumes(goemotions, tmp_path, monkeypatch):
+    """The command's form: killed just after its checkpoint at step 6 (evaluated at step 5, the tuned
+    threshold in the checkpoint's config), `--resume` finishes the run, its OUT checked before the teacher's
+    pass as any OUT and accepted, the teacher's outputs read back."""
+    data, teacher = goemotions
+    out = tmp_path / "student"
+    command = ["distill", "--teacher", str(teacher), "--output-dir", str(out), "--layers", "1", "--train-file",
+               str(data / "train.tsv"), "--dev-file", str(data / "dev.tsv"), "--epochs", "2", "--batch-size", "8",
+               "--max-seq-length", "32", "--no-progress", "--save-every", "3", "--lr", "1e-3"]
+    save = Trainer.save
+
+    def save_then_die(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        if self.step == 6:
+            raise RuntimeError("killed")
+
+    monkeypatch.setattr(Trainer, "save", save_then_die)
+    with pytest.raises(RuntimeError, match="killed"):
+        main(command)
+    monkeypatch.setattr(Trainer, "save", save)
+    saved = torch.load(out / "checkpoints" / "checkpoint-00000006.pt", weights_only=False)["config"]
+    teacher_threshold = json.loads((teacher / "config.json").read_text())["multi_label_threshold"]
+    assert saved["multi_label_threshold"] != teacher_threshold  # what the fresh student's config holds
+    assert main(command + ["--resume"]) == 0
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert max(r["step"] for r in log) == 10 and not (out / "RUNNING").exists()
