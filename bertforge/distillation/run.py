@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .._files import check_writable
-from ..modeling import BertConfig
+from ..modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TASKS, Distillation, TaskFamily, checkpoint_config, family_for_checkpoint
 from ..training.finetune import FinetuneArguments, FinetuneTask, check_output_dir, finetune_grid, grid_runs
@@ -93,13 +93,12 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
     """The student and the options that depend on the family judged before anything loads (ValueError,
     one line): `student.check_student`; --student-vocab only for a family whose `Distillation` takes it
     (sentence-level outputs: a per-token or span output would need an alignment between the two
-    tokenizations); --intermediate (its kinds, --layer-map, the attention heads) for a family that takes
+    tokenizations; the refusal says which holds for the family); --intermediate (its kinds, --layer-map, the attention heads) for a family that takes
     it, and not with --student-vocab (the two models' token positions differ)."""
     check_student(teacher_dir, config, layers, student, student_vocab)
     if student_vocab and not family.distill.student_vocab:
-        raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: its outputs are per token or span, and "
-                         "the two tokenizations would need an alignment (only sentence-level outputs: "
-                         f"{', '.join(distilled_families('student_vocab'))})")
+        raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: {_why_one_vocabulary(family)} "
+                         f"(supported: {', '.join(distilled_families('student_vocab'))})")
     if layer_map is not None and intermediate is None:
         raise ValueError("--layer-map: give --intermediate hidden, attention or hidden,attention with it")
     if intermediate is None:
@@ -113,6 +112,18 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
     kinds = parse_intermediate(intermediate)
     IntermediateTransfer(student_config(config, layers, student), config, kinds,
                          layer_map_for(config, layers, student, layer_map))
+
+
+def _why_one_vocabulary(family: TaskFamily) -> str:
+    """Why a family's distillation needs the teacher's vocabulary, by the granularity of its head's outputs:
+    per token or span (a tagger, a reader: the two tokenizations would need an alignment), or per sentence
+    (a multi-label classifier: possible, but its distiller reads one tokenization, the teacher's)."""
+    if issubclass(family.head, (BertForTokenClassification, BertForQuestionAnswering)):
+        return "its outputs are per token or span, and the two tokenizations would need an alignment"
+    if issubclass(family.head, BertForSequenceClassification):
+        return ("its outputs are per sentence, but its distiller reads each text in one tokenization, the "
+                "teacher's, for both models; give a --student with the teacher's vocabulary")
+    return "its distiller reads each text in one tokenization, the teacher's, for both models"
 
 
 def check_augmentable(family: TaskFamily, augment: int) -> None:

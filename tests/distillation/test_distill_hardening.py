@@ -334,3 +334,35 @@ def test_a_multi_label_distill_command_killed_after_an_evaluation_resumes(goemot
     assert main(command + ["--resume"]) == 0
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert max(r["step"] for r in log) == 10 and not (out / "RUNNING").exists()
+
+
+# ---------------------------------------------------------------------------- 10: the refusal's reason, the modes
+
+def test_student_vocab_for_a_multi_label_teacher_names_the_real_reason(goemotions, save_tiny_checkpoint, tmp_path):
+    data, teacher = goemotions
+    vocab = (teacher / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    student = save_tiny_checkpoint(tmp_path / "student", vocab[:-1] + ["qqxyzzy"])  # another vocabulary
+    with pytest.raises(ValueError) as error:
+        distill_task(teacher, data / "train.tsv", output_dir=tmp_path / "out", student=str(student),
+                     student_vocab=True)
+    message = str(error.value)
+    assert message.startswith("--student-vocab: not for a 'multi-label' teacher: its outputs are per sentence")
+    assert "per token or span" not in message and "(supported: classify)" in message
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o002])
+def test_cache_directories_and_files_get_the_umasks_mode(teacher, tmp_path, umask):  # noqa: F811
+    """A --cache-dir shared by a team: every directory and file in it as `mkdir`/`open` make them under the
+    umask (0755/0644 under 022, 0775/0664 under 002), not mkdtemp's owner-only 0700."""
+    train = write_classify(tmp_path / "train.csv", sentences(12, 1))
+    cache = tmp_path / "shared" / "cache"
+    previous = os.umask(umask)
+    try:
+        distill_task(teacher, train, output_dir=tmp_path / "out", layers=1, cache_dir=cache, augment=1)
+    finally:
+        os.umask(previous)
+    made = [cache.parent, *cache.rglob("*")]
+    assert len(made) >= 5  # shared/, cache/, the entry, its logits.npy and meta.json, the augmented texts
+    for path in made:
+        expected = (0o777 if path.is_dir() else 0o666) & ~umask
+        assert path.stat().st_mode & 0o777 == expected, (path, oct(path.stat().st_mode))
