@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .._files import check_not_in_use
 from ..distillation import distill_task
 from ..distillation.augment import MAX_AUGMENT, MAX_AUGMENTED_TEXTS, check_augment, check_masked_lm
 from ..distillation.objectives import TEMPERATURE_RANGE, check_temperature
@@ -118,6 +119,7 @@ def check(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
     args.family_options = {dest: getattr(args, dest, None) for dest in distillation.options}
     recipe = settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
+    check_not_in_use(args.output_dir)  # OUT held by a running command, refused before the teacher's pass too
     lrs, seeds = _grid(args)  # an OUT holding a run (without --resume) is refused before the teacher's pass
     engine.check_output_dir(args.output_dir, args.resume, engine.grid_runs(
         args.lr if args.lr is not None else recipe["lr"], args.seed, lrs, seeds))

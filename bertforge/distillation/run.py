@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from .._files import check_writable
+from .._files import check_not_in_use, check_writable
 from ..modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TASKS, Distillation, TaskFamily, checkpoint_config, family_for_checkpoint
@@ -212,8 +212,10 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
 def distill(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, args: FinetuneArguments, *,
             lrs: Sequence[float] | None = None, seeds: Sequence[int] | None = None, **options: Any) -> dict[str, Any]:
     """Distil into `args.output_dir` (the engine's `finetune_grid`: one run, or a grid of learning rates /
-    seeds); returns its results (eval_results.json, or the grid's summary). An OUT that already holds a run
-    (without `args.resume`) is refused before the teacher's pass (`check_output_dir`)."""
+    seeds); returns its results (eval_results.json, or the grid's summary). An OUT that another run holds now,
+    or that already holds a run (without `args.resume`), is refused before the teacher's pass
+    (`check_not_in_use`, `check_output_dir`)."""
+    check_not_in_use(args.output_dir)
     check_output_dir(args.output_dir, args.resume, grid_runs(args.lr, args.seed, lrs, seeds))
     task = distill_task(teacher_dir, train_file, output_dir=args.output_dir, **options)
     return finetune_grid(task, args, lrs, seeds)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from bertforge._files import own_directory
 from bertforge.cli import build_parser, main
 from bertforge.distillation import distill, distill_task
 from bertforge.distillation import augment as augment_module
@@ -76,6 +77,19 @@ def test_an_out_holding_a_run_is_refused_before_the_teacher_pass(teacher, tmp_pa
                                                                    str(train), "--output-dir", str(grid), "--seeds",
                                                                    "1", "--lr-grid", "5e-5", "--seed", "42"])
     assert sorted(p.name for p in grid.iterdir()) == ["lr5e-05-seed42"]
+
+
+def test_an_out_in_use_by_another_run_is_refused_before_the_teacher_pass(teacher, tmp_path, capsys,  # noqa: F811
+                                                                         no_teacher_work):
+    train = write_classify(tmp_path / "train.csv", sentences(8, 1))
+    out = tmp_path / "out"
+    with own_directory(out, "bertforge distill (another)"):
+        err = _error(capsys, ["distill", "--teacher", str(teacher), "--train-file", str(train), "--output-dir",
+                              str(out)])
+        assert f"{out} is in use by another run (process {os.getpid()}: bertforge distill (another))" in err
+        with pytest.raises(ValueError, match="is in use by another run"):
+            distill(teacher, train, FinetuneArguments(output_dir=out, max_steps=1, progress=False))
+        assert sorted(p.name for p in out.iterdir()) == [".bertforge-lock"]
 
 
 def test_the_users_teacher_and_student_are_never_written(encoder, teacher, tmp_path, capsys,  # noqa: F811
