@@ -315,6 +315,25 @@ def _holder(fd: int) -> str:
     return "process unknown"
 
 
+def check_not_in_use(directory: str | os.PathLike) -> None:
+    """Refuse (ValueError, one line, as `own_directory` would) a `directory` that another run holds now: for a
+    command that does long work (a teacher's pass) before it takes the directory, so that it learns at once
+    rather than after that work. Takes and drops the lock at once; never called while this process holds it
+    (flock locks of two opens of one file conflict within a process too)."""
+    path = os.path.join(os.fspath(directory), LOCK)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # no lock file (or no directory): nobody holds it
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(f"{directory} is in use by another run ({_holder(fd)}): wait for it to end, or choose "
+                         "another output directory") from None
+    finally:
+        os.close(fd)  # releases the lock if it was taken
+
+
 @contextmanager
 def own_directory(directory: str | os.PathLike, what: str, enabled: bool = True) -> Iterator[None]:
     """Hold `directory` for one run: an exclusive `flock` on `directory/.bertforge-lock`, taken before the

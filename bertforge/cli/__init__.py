@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line `argv` (default: sys.argv[1:]); 0 on success, 2 for input to fix, 1 for a disk
-    that filled up (each one line on stderr, no traceback)."""
+    that filled up or a training run whose loss became non-finite (each one line on stderr, no traceback)."""
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(extract_features.attach_negative_values(argv))
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
@@ -50,9 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
         return 2
     except NonFiniteLossError as error:
-        # A diverged run (too high a learning rate, ...): one line naming the checkpoint to resume from.
+        # A diverged run (too high a learning rate, ...): one line naming the checkpoint to resume from and the
+        # likely causes. Not a usage error (2): the flags were valid, the run failed.
         print(f"bertforge {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return 1
     except Exception as error:  # a full disk, whichever writer met it: one line, what was kept, what to do
         if not is_disk_full(error):
             raise

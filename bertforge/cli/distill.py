@@ -16,9 +16,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .._files import check_not_in_use
 from ..distillation import distill_task
-from ..distillation.augment import check_masked_lm
-from ..distillation.run import check_augmentable, check_options, check_teacher
+from ..distillation.augment import MAX_AUGMENT, MAX_AUGMENTED_TEXTS, check_augment, check_masked_lm
+from ..distillation.objectives import TEMPERATURE_RANGE, check_temperature
+from ..distillation.run import check_augmentable, check_options, check_paths, check_teacher
 from ..modeling import BertConfig
 from ..modeling.pretrained import resolve_model_dir
 from ..tasks.registry import Distillation
@@ -46,7 +48,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                    help="more transfer text: one text per line (text<TAB>text_pair for a pair; a tagger: one "
                    "sentence per line, words split on whitespace); repeatable")
     p.add_argument("--temperature", type=float, default=2.0, help="softmax temperature T of the soft targets "
-                   "(the KL term is scaled by T^2)")
+                   f"(the KL term is scaled by T^2), from {TEMPERATURE_RANGE[0]:g} to {TEMPERATURE_RANGE[1]:g} "
+                   "(default: 2)")
     p.add_argument("--alpha", type=float, default=0.5, help="weight of the hard-label loss on labelled examples "
                    "(0: soft targets only)")
     p.add_argument("--labels-only", action="store_true", help="the control: the same student trained on the labels "
@@ -61,7 +64,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "it reads its own tokenization of each example (classify teachers: sentence-level outputs)")
     p.add_argument("--augment", type=int, default=0, metavar="N", help="add N augmented copies of each training "
                    "text to the transfer set (soft targets only): words masked (p 0.1) or replaced (p 0.1), then a "
-                   "1-5 word window kept (p 0.25), as Tang et al. 2019 (default: 0, none)")
+                   f"1-5 word window kept (p 0.25), as Tang et al. 2019; N at most {MAX_AUGMENT}, and at most "
+                   f"{MAX_AUGMENTED_TEXTS:,} augmented texts in all (the transfer set is held in memory) "
+                   "(default: 0, none)")
     p.add_argument("--augment-seed", type=int, default=0, help="the augmentation's seed, apart from --seed: one "
                    "augmented set (and one cache of the teacher's outputs) for every student (default: 0)")
     p.add_argument("--augment-mlm", metavar="DIR", help="replace words as TinyBERT does: a one-piece word by one of "
@@ -85,12 +90,10 @@ FAMILY_FLAGS = {"version": "--version", "doc_stride": "--doc-stride", "tune_thre
 
 def check(args: argparse.Namespace) -> None:
     """The flags and both models judged before any data is read or a model loads."""
-    if not (math.isfinite(args.temperature) and args.temperature > 0):
-        raise ValueError(f"--temperature must be a positive number, got {args.temperature:g}")
+    check_temperature(args.temperature)
     if not (math.isfinite(args.alpha) and args.alpha >= 0):
         raise ValueError(f"--alpha must be 0 or more, got {args.alpha:g}")
-    if args.augment < 0:
-        raise ValueError(f"--augment must be 0 or more, got {args.augment}")
+    check_augment(args.augment)  # its total (copies × training texts) once the training file is read
     if args.augment and args.labels_only:
         raise ValueError("--augment adds unlabelled text, which --labels-only cannot learn from; give one of them")
     if args.augment_mlm is not None:
@@ -101,6 +104,8 @@ def check(args: argparse.Namespace) -> None:
     args.teacher = str(resolve_model_dir(args.teacher))
     if Path(args.output_dir).resolve() == Path(args.teacher).resolve():
         raise ValueError(f"--output-dir {args.output_dir} is the teacher's directory; the student needs its own")
+    # nothing written into the user's models, nor where nothing can be written (`check_paths`)
+    check_paths(args.teacher, args.output_dir, args.cache_dir, args.student, args.augment_mlm)
     if not (math.isfinite(args.intermediate_weight) and args.intermediate_weight >= 0):
         raise ValueError(f"--intermediate-weight must be 0 or more, got {args.intermediate_weight:g}")
     if args.labels_only and args.intermediate is not None:
@@ -113,7 +118,11 @@ def check(args: argparse.Namespace) -> None:
         if getattr(args, dest, None) is not None and dest not in distillation.options:
             raise ValueError(f"{flag} applies to another family's teacher; {args.teacher} is a {family.name} model")
     args.family_options = {dest: getattr(args, dest, None) for dest in distillation.options}
-    settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
+    recipe = settings(args, distillation, config)  # judged now (SQuAD: --version agrees; --max-seq-length fits)
+    check_not_in_use(args.output_dir)  # OUT held by a running command, refused before the teacher's pass too
+    lrs, seeds = _grid(args)  # an OUT holding a run (without --resume) is refused before the teacher's pass
+    engine.check_output_dir(args.output_dir, args.resume, engine.grid_runs(
+        args.lr if args.lr is not None else recipe["lr"], args.seed, lrs, seeds))
     for flag, path in (("--train-file", args.train_file), ("--dev-file", args.dev_file)):
         if path is not None and not Path(path).is_file():
             raise FileNotFoundError(f"{flag} {path}: no such file")

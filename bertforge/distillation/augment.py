@@ -37,11 +37,11 @@ import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .._files import write_text_atomic
+from .._files import atomic_open
 from ..modeling import BertForMaskedLM, load_for_inference
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tokenization import BertTokenizer
@@ -49,12 +49,18 @@ from .cache import file_digest
 
 logger = logging.getLogger("bertforge")
 
-__all__ = ["MASK", "AugmentRates", "MaskedLmCandidates", "augment_text", "augment_texts", "augment_words",
-           "augmented_transfer", "check_masked_lm", "unigram_words"]
+__all__ = ["MASK", "MAX_AUGMENT", "MAX_AUGMENTED_TEXTS", "AugmentRates", "MaskedLmCandidates", "augment_text",
+           "augment_texts", "augment_words", "augmented_transfer", "check_augment", "check_masked_lm",
+           "iter_augmented", "unigram_words"]
 
 MASK = "[MASK]"
 MAX_NGRAM = 5  # Tang et al.: n in {1, ..., 5}
 TOP_K = 15  # TinyBERT's K
+# The bounds of --augment: copies per training text (Tang et al. and TinyBERT use 20), and augmented texts in
+# all. The transfer set, its features included, is held in memory (about 1 to 3 KB per text of a few dozen
+# tokens), so 2 million texts (TinyBERT's 20 copies of SST-2's 67k sentences fit) stay within a few GB.
+MAX_AUGMENT = 100
+MAX_AUGMENTED_TEXTS = 2_000_000
 
 # candidates(words, position) -> replacement words for words[position] (empty: fall back to the unigram draw)
 Candidates = Callable[[Sequence[str], int], Sequence[str]]
@@ -108,13 +114,30 @@ def augment_texts(texts: Sequence[Sequence[str | None]], copies: int, seed: int,
     """`copies` augmented copies of each example, in order (example 0's copies first). An example is a tuple
     of texts (a sentence, or a pair: each text augmented with its own draws, as text number 2i and 2i + 1
     of `augment_text`; None stays None)."""
-    out = []
+    return list(iter_augmented(texts, copies, seed, unigram, candidates, rates))
+
+
+def iter_augmented(texts: Sequence[Sequence[str | None]], copies: int, seed: int, unigram: Sequence[str],
+                   candidates: Candidates | None = None, rates: AugmentRates = AugmentRates()) -> Iterator[tuple]:
+    """`augment_texts`' copies one at a time, in the same order (a writer streams them to disk)."""
     for index, example in enumerate(texts):
         for copy in range(copies):
-            out.append(tuple(None if text is None else
-                             augment_text(text, seed, index * 2 + part, copy, unigram, candidates, rates)
-                             for part, text in enumerate(example)))
-    return out
+            yield tuple(None if text is None else augment_text(text, seed, index * 2 + part, copy, unigram,
+                                                               candidates, rates)
+                        for part, text in enumerate(example))
+
+
+def check_augment(copies: int, examples: int | None = None, flag: str = "--augment") -> None:
+    """ValueError, one line naming `flag`, unless `copies` is 0 to MAX_AUGMENT and (`examples` given: the
+    training texts) the augmented texts number at most MAX_AUGMENTED_TEXTS. Judged before any text is made:
+    the transfer set (its texts and their features) is held in memory."""
+    if not 0 <= copies <= MAX_AUGMENT:
+        raise ValueError(f"{flag} must be 0 or more, at most {MAX_AUGMENT} copies of each training text (Tang et al. "
+                         f"and TinyBERT use 20), got {copies}")
+    if examples is not None and copies * examples > MAX_AUGMENTED_TEXTS:
+        raise ValueError(f"{flag} {copies}: {copies} copies of {examples:,} training texts are {copies * examples:,} "
+                         f"augmented texts, over the limit of {MAX_AUGMENTED_TEXTS:,} (the transfer set is held in "
+                         f"memory); give at most {max(MAX_AUGMENTED_TEXTS // max(examples, 1), 0)}")
 
 
 def check_masked_lm(model_dir: str | os.PathLike) -> None:
@@ -190,25 +213,55 @@ def augmented_transfer(cache_dir: str | os.PathLike, examples: Sequence[Sequence
     """`augment_texts` of `examples` (the unigram distribution: their words), with `mlm`'s candidates when
     given (the MLM run on `device`: default the GPU if there is one); stored as
     `cache_dir/augmented-<key>.json` (key: a hash of the texts, copies, seed, rates and the MLM's weights and
-    vocabulary) and read back from there when present."""
-    digest = hashlib.sha256(json.dumps([list(map(list, examples)), copies, seed, asdict(rates), TOP_K, MAX_NGRAM],
-                                       ensure_ascii=False).encode())
+    vocabulary) and read back from there when present.
+
+    The count is judged first (`check_augment`: ValueError before any text is made or the MLM loads); the
+    copies are then written to the file one per line as they are made (a JSON array, one row a line), so
+    that only the returned rows are held, never a second copy of them as one JSON string."""
+    check_augment(copies, len(examples))
+    digest = hashlib.sha256(str(len(examples)).encode())
+    for example in examples:  # the texts hashed one by one: no JSON string of them all
+        digest.update(json.dumps(list(example), ensure_ascii=False).encode())
+    digest.update(json.dumps([copies, seed, asdict(rates), TOP_K, MAX_NGRAM]).encode())
     if mlm is not None:
         directory = Path(resolve_model_dir(mlm))
         digest.update(file_digest(weights_path(directory)).encode())
         digest.update(file_digest(directory / "vocab.txt").encode())
     path = Path(cache_dir) / f"augmented-{digest.hexdigest()[:24]}.json"
-    try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(stored, list) and len(stored) == copies * len(examples):
-            logger.info("augmented transfer set read back from %s", path)
-            return [tuple(row) for row in stored]
-    except (OSError, ValueError):
-        pass
+    stored = _read_rows(path, copies * len(examples))
+    if stored is not None:
+        logger.info("augmented transfer set read back from %s", path)
+        return stored
     unigram = unigram_words([text for example in examples for text in example if text is not None])
     candidates = MaskedLmCandidates(str(mlm), device=device) if mlm is not None else None
-    augmented = augment_texts(examples, copies, seed, unigram, candidates, rates)
+    augmented = []
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps([list(row) for row in augmented], ensure_ascii=False) + "\n")
+    with atomic_open(path, "w", encoding="utf-8", newline="\n") as out:
+        out.write("[\n")
+        for row in iter_augmented(examples, copies, seed, unigram, candidates, rates):
+            out.write(("" if not augmented else ",\n") + json.dumps(list(row), ensure_ascii=False))
+            augmented.append(row)
+        out.write("\n]\n")
     logger.info("augmented transfer set (%d texts) written to %s", len(augmented), path)
     return augmented
+
+
+def _read_rows(path: Path, count: int) -> list[tuple] | None:
+    """The `count` rows of an augmented-text file, read line by line (one row a line); None when absent,
+    unreadable or of another count (then made again)."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                line = line.strip().rstrip(",")
+                if line in ("[", "]", ""):
+                    continue
+                row = json.loads(line)
+                if not isinstance(row, list) or not all(text is None or isinstance(text, str) for text in row):
+                    return None  # not one row a line (an older file holding every row on one line): made again
+                rows.append(tuple(row))
+                if len(rows) > count:
+                    return None
+    except (OSError, ValueError):
+        return None
+    return rows if len(rows) == count else None

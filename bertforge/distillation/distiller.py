@@ -41,7 +41,7 @@ from ..modeling import BertConfig, load_for_inference
 from ..tasks.registry import TaskFamily
 from ..training.finetune import FinetuneTask
 from .augment import augmented_transfer
-from .cache import cache_key, teacher_outputs
+from .cache import cache_settings, key_of, teacher_outputs
 from .intermediate import IntermediateTransfer, StudentPass, intermediate_counts, with_intermediate
 from .student import build_student
 
@@ -192,10 +192,22 @@ def distillation_step(terms: Callable[[Any, dict[str, torch.Tensor]], Terms], al
 
 
 def _outputs(run: DistillRun, adaptor: Adaptor, teacher: nn.Module, rows: list[dict]) -> dict[str, np.ndarray]:
-    """The teacher's outputs over `rows` from the cache, computed and stored first when absent."""
-    key = cache_key(run.teacher_dir, rows, adaptor.what, inputs=adaptor.inputs)
-    return teacher_outputs(run.cache_dir, key, lambda: adaptor.compute(teacher, rows),
-                           rows=len(rows) if adaptor.per_row else None)
+    """The teacher's outputs over `rows` from the cache (verified against their checksums and the settings
+    that made them), computed and stored first when absent or damaged."""
+    settings = cache_settings(run.teacher_dir, rows, adaptor.what, inputs=adaptor.inputs)
+    return teacher_outputs(run.cache_dir, key_of(settings), lambda: adaptor.compute(teacher, rows),
+                           rows=len(rows) if adaptor.per_row else None, settings=settings)
+
+
+def divergence_advice(run: DistillRun) -> str:
+    """The likely causes of a non-finite loss in a distillation, with the run's values, for its one-line error:
+    the temperature (T² scales the soft term), the teacher's outputs (verified on every read, so rarely), then
+    the learning rate."""
+    labels_only = " (not used: --labels-only)" if run.labels_only else ""
+    return (f"In a distillation the likely causes: --temperature {run.temperature:g}{labels_only} (the soft-target "
+            f"term is scaled by T²; 1 to 20 is usual); the teacher's outputs cached in {run.cache_dir} (checked "
+            "against their checksums when read: a damaged entry is recomputed; delete it to be sure); or the "
+            "learning rate (--lr: lower it, with a longer warm-up or --max-grad-norm, and --resume).")
 
 
 def general_distill_task(run: DistillRun, adaptor_class: type[Adaptor]) -> FinetuneTask:
@@ -239,6 +251,7 @@ def general_distill_task(run: DistillRun, adaptor_class: type[Adaptor]) -> Finet
         write_text_atomic(directory / DISTILL_INFO, json.dumps(info, indent=2) + "\n")
 
     return FinetuneTask(
+        divergence_advice=divergence_advice(run),
         name=adaptor.name, build_model=build_model, tokenizer=adaptor.tokenizer, train_features=adaptor.features,
         collate=adaptor.collate,
         step_fn=distillation_step(adaptor.terms, run.alpha, run.labels_only,

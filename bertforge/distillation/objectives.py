@@ -19,10 +19,27 @@ the gold label sets by the usual binary cross-entropy (`binary_label_loss`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["binary_label_loss", "hard_label_loss", "soft_binary_target_loss", "soft_target_loss", "squared_error_loss"]
+__all__ = ["TEMPERATURE_RANGE", "binary_label_loss", "check_temperature", "hard_label_loss", "soft_binary_target_loss",
+           "soft_target_loss", "squared_error_loss"]
+
+# The temperatures the soft-target loss takes (Hinton et al. use 1 to 20; DistilBERT 2, TinyBERT 1). Below 0.1
+# the soft targets are the teacher's argmax to float32's precision and the T² scale makes the term vanish
+# (1e-30 trains on nothing); above 100 every soft target is uniform to within a percent for logits of
+# ordinary size, and T² overflows float32 long before 1e30 (a NaN loss at the first step).
+TEMPERATURE_RANGE = (0.1, 100.0)
+
+
+def check_temperature(temperature: float, flag: str = "--temperature") -> None:
+    """ValueError, one line naming `flag`, unless `temperature` lies in TEMPERATURE_RANGE."""
+    low, high = TEMPERATURE_RANGE
+    if not (math.isfinite(temperature) and low <= temperature <= high):
+        raise ValueError(f"{flag} must be a positive number from {low:g} to {high:g} (the soft targets' softmax "
+                         f"temperature; 1 to 20 is usual), got {temperature:g}")
 
 
 def _rows(values: torch.Tensor, mask: torch.Tensor | None, trailing: int) -> torch.Tensor:

@@ -17,17 +17,20 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..modeling import BertConfig
+from .._files import check_not_in_use, check_writable
+from ..modeling import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertForTokenClassification
 from ..modeling.pretrained import read_tensor_shapes, resolve_model_dir, weights_path
 from ..tasks.registry import TASKS, Distillation, TaskFamily, checkpoint_config, family_for_checkpoint
-from ..training.finetune import FinetuneArguments, FinetuneTask, finetune_grid
+from ..training.finetune import FinetuneArguments, FinetuneTask, check_output_dir, finetune_grid, grid_runs
+from .augment import check_augment
 from .cache import default_cache_dir
 from .distiller import Adaptor, DistillRun, general_distill_task
 from .intermediate import IntermediateTransfer, layer_map_for, parse_intermediate
+from .objectives import check_temperature
 from .student import check_student, student_config
 
-__all__ = ["adaptor_for", "check_augmentable", "check_options", "check_teacher", "distill", "distill_task",
-           "distilled_families"]
+__all__ = ["adaptor_for", "check_augmentable", "check_options", "check_paths", "check_teacher", "distill",
+           "distill_task", "distilled_families"]
 
 
 def distilled_families(what: str | None = None) -> list[str]:
@@ -90,13 +93,12 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
     """The student and the options that depend on the family judged before anything loads (ValueError,
     one line): `student.check_student`; --student-vocab only for a family whose `Distillation` takes it
     (sentence-level outputs: a per-token or span output would need an alignment between the two
-    tokenizations); --intermediate (its kinds, --layer-map, the attention heads) for a family that takes
+    tokenizations; the refusal says which holds for the family); --intermediate (its kinds, --layer-map, the attention heads) for a family that takes
     it, and not with --student-vocab (the two models' token positions differ)."""
     check_student(teacher_dir, config, layers, student, student_vocab)
     if student_vocab and not family.distill.student_vocab:
-        raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: its outputs are per token or span, and "
-                         "the two tokenizations would need an alignment (only sentence-level outputs: "
-                         f"{', '.join(distilled_families('student_vocab'))})")
+        raise ValueError(f"--student-vocab: not for a {family.name!r} teacher: {_why_one_vocabulary(family)} "
+                         f"(supported: {', '.join(distilled_families('student_vocab'))})")
     if layer_map is not None and intermediate is None:
         raise ValueError("--layer-map: give --intermediate hidden, attention or hidden,attention with it")
     if intermediate is None:
@@ -112,11 +114,59 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
                          layer_map_for(config, layers, student, layer_map))
 
 
+def _why_one_vocabulary(family: TaskFamily) -> str:
+    """Why a family's distillation needs the teacher's vocabulary, by the granularity of its head's outputs:
+    per token or span (a tagger, a reader: the two tokenizations would need an alignment), or per sentence
+    (a multi-label classifier: possible, but its distiller reads one tokenization, the teacher's)."""
+    if issubclass(family.head, (BertForTokenClassification, BertForQuestionAnswering)):
+        return "its outputs are per token or span, and the two tokenizations would need an alignment"
+    if issubclass(family.head, BertForSequenceClassification):
+        return ("its outputs are per sentence, but its distiller reads each text in one tokenization, the "
+                "teacher's, for both models; give a --student with the teacher's vocabulary")
+    return "its distiller reads each text in one tokenization, the teacher's, for both models"
+
+
 def check_augmentable(family: TaskFamily, augment: int) -> None:
     """ValueError, one line: `--augment N` for a family whose transfer set is not augmented yet."""
     if augment and not family.distill.augment:
         raise ValueError(f"--augment: the {family.name} family's transfer set is not augmented yet "
                          f"(supported: {', '.join(distilled_families('augment'))})")
+
+
+def _within(path: Path, directory: Path) -> bool:
+    """Whether `path` is `directory` or lies under it (both resolved: symlinks followed)."""
+    return path == directory or directory in path.parents
+
+
+def check_paths(teacher_dir: str | os.PathLike, output_dir: str | os.PathLike, cache_dir: str | os.PathLike | None,
+                student: str | None = None, augment_mlm: str | os.PathLike | None = None) -> Path:
+    """The directories the run writes judged before any work (ValueError, one line naming the flag); returns
+    the cache directory (`cache_dir`, else OUT/teacher_outputs).
+
+    The models the user gives (--teacher, a --student checkpoint, --augment-mlm) are inputs and are never
+    written: neither --output-dir nor the cache (--cache-dir, or OUT/teacher_outputs) may be one of them or
+    lie inside one. Both must be places a directory can be created and written (`check_writable`: not
+    under a file, not on a read-only or pseudo file system, names within the file system's limits), so
+    that a refusal comes before the teacher's pass, not after it."""
+    output = Path(output_dir)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir)
+    cache_flag = "--cache-dir" if cache_dir is not None else f"--output-dir (its {cache.name}/, the teacher's outputs)"
+    inputs = [("--teacher", "the teacher's", Path(teacher_dir))]
+    if student is not None and Path(student).is_dir():
+        inputs.append(("--student", "the student checkpoint's", Path(student)))
+    if augment_mlm is not None:
+        inputs.append(("--augment-mlm", "the masked language model's", Path(augment_mlm)))
+    written = (("--output-dir", output, "another --output-dir"),
+               (cache_flag, cache, "another --cache-dir" if cache_dir is not None else "another --output-dir"))
+    for flag, path, remedy in written:
+        for given, whose, model in inputs:
+            if _within(path.resolve(), model.resolve()):
+                where = "is" if path.resolve() == model.resolve() else "is inside"
+                raise ValueError(f"{flag} {path} {where} {whose} directory ({given} {model}), an input that is "
+                                 f"never written to; give {remedy}")
+    check_writable(output, "--output-dir", directory=True)
+    check_writable(cache, cache_flag, directory=True)
+    return cache
 
 
 def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, *, output_dir: str | os.PathLike,
@@ -140,13 +190,16 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
     check_options(teacher_dir, family, config, layers, student, intermediate=intermediate, layer_map=layer_map,
                   student_vocab=student_vocab)
     check_augmentable(family, augment)
+    check_augment(augment)  # the copies per text; their total when the training file is read (`augmented_transfer`)
+    check_temperature(temperature)
     unknown = sorted(set(options) - set(distillation.options))
     if unknown:
         raise ValueError(f"{', '.join(unknown)}: not an option of the {family.name} family's distillation "
                          f"(its own: {', '.join(distillation.options) or 'none'})")
+    cache = check_paths(teacher_dir, output_dir, cache_dir, student, augment_mlm)  # before the data and the teacher
     run = DistillRun(
         family=family, teacher_dir=teacher_dir, config=config, train_file=train_file, output_dir=output_dir,
-        cache_dir=Path(cache_dir) if cache_dir is not None else default_cache_dir(teacher_dir, output_dir),
+        cache_dir=cache,
         dev_file=dev_file, unlabeled=unlabeled, layers=layers, student=student, temperature=temperature,
         alpha=alpha, max_seq_length=max_seq_length, eval_batch_size=eval_batch_size, labels_only=labels_only,
         device=device, intermediate=parse_intermediate(intermediate) if intermediate is not None else (),
@@ -159,6 +212,10 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
 def distill(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, args: FinetuneArguments, *,
             lrs: Sequence[float] | None = None, seeds: Sequence[int] | None = None, **options: Any) -> dict[str, Any]:
     """Distil into `args.output_dir` (the engine's `finetune_grid`: one run, or a grid of learning rates /
-    seeds); returns its results (eval_results.json, or the grid's summary)."""
+    seeds); returns its results (eval_results.json, or the grid's summary). An OUT that another run holds now,
+    or that already holds a run (without `args.resume`), is refused before the teacher's pass
+    (`check_not_in_use`, `check_output_dir`)."""
+    check_not_in_use(args.output_dir)
+    check_output_dir(args.output_dir, args.resume, grid_runs(args.lr, args.seed, lrs, seeds))
     task = distill_task(teacher_dir, train_file, output_dir=args.output_dir, **options)
     return finetune_grid(task, args, lrs, seeds)

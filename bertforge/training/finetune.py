@@ -47,6 +47,7 @@ from .._files import LOCK, RUNNING, finish_run, mark_running, own_directory
 from ..modeling import use_unpadded
 from .checkpoint import atomic_write, latest_checkpoint
 from .loop import CHECKPOINT_DIR, LOG_NAME, Batch, CountFn, Phase, StepFn, Trainer
+from .state import NonFiniteLossError
 from .order import length_grouped_order
 from .settings import RunSettings, override, setting
 
@@ -100,6 +101,8 @@ class FinetuneTask:
     lengths: Sequence[int] | None = None  # tokens per training feature, for length-grouped batches
     count_fn: CountFn | None = None  # e.g. labelled tokens for a token-level loss
     extra_files: Callable[[Path], None] | None = None  # anything else the task keeps with the model
+    # the likely causes of a non-finite loss in this task, in place of the optimisation's (NonFiniteLossError)
+    divergence_advice: str | None = None
 
 
 def _json_dump(path: Path, value: Any) -> None:
@@ -119,13 +122,39 @@ def finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
         return _finetune(task, args)
 
 
+def check_output_dir(output_dir: str | os.PathLike, resume: bool, grid: Sequence[tuple[float, int]] | None = None
+                     ) -> None:
+    """Refuse, in one line (ValueError), an OUT that this run would overwrite: a grid's OUT (summary.json)
+    for a single run, a single run's OUT (log.jsonl) for a grid, and without `resume` a run already there
+    (a checkpoint or log.jsonl; for a `grid` of (learning rate, seed), in any of its run directories).
+
+    `finetune` and `finetune_grid` check this once OUT is theirs; a command whose task is costly to build
+    (`distill`: the teacher's pass over the transfer set) calls it first too, before any of that work."""
+    output_dir = Path(output_dir)
+
+    def holds_run(directory: Path) -> bool:
+        return bool(latest_checkpoint(directory / CHECKPOINT_DIR)) or (directory / LOG_NAME).exists()
+
+    if grid is None:
+        if (output_dir / SUMMARY).exists():  # a single run here would overwrite the grid's best model
+            raise ValueError(f"{output_dir} holds a learning-rate/seed grid ({SUMMARY}): repeat its --lr-grid/--seeds "
+                             "(with --resume to read finished runs back), or choose another --output-dir")
+        if not resume and holds_run(output_dir):
+            raise ValueError(f"{output_dir} already holds a run: pass --resume to continue it, or another --output-dir")
+        return
+    if (output_dir / LOG_NAME).exists():  # the grid would overwrite that run's model with its best one
+        raise ValueError(f"{output_dir} holds a single run ({LOG_NAME}), not a learning-rate/seed grid: "
+                         "choose another --output-dir for the grid")
+    if not resume:
+        for lr, seed in grid:
+            if holds_run(output_dir / _run_name(lr, seed)):
+                raise ValueError(f"{output_dir / _run_name(lr, seed)} already holds a run: pass --resume to continue "
+                                 "the grid, or another --output-dir")
+
+
 def _finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
-    if (output_dir / SUMMARY).exists():  # a single run here would overwrite the grid's best model
-        raise ValueError(f"{output_dir} holds a learning-rate/seed grid ({SUMMARY}): repeat its --lr-grid/--seeds "
-                         "(with --resume to read finished runs back), or choose another --output-dir")
-    if not args.resume and (latest_checkpoint(output_dir / CHECKPOINT_DIR) or (output_dir / LOG_NAME).exists()):
-        raise ValueError(f"{output_dir} already holds a run: pass --resume to continue it, or another --output-dir")
+    check_output_dir(output_dir, args.resume)
     torch.manual_seed(args.seed)  # the new head's initial weights depend on the seed, as in the paper's restarts
     model = task.build_model()
     if args.unpad:
@@ -164,7 +193,12 @@ def _finetune(task: FinetuneTask, args: FinetuneArguments) -> dict[str, Any]:
     if trainer.context.is_main:  # until the end, OUT's model and results are not a finished run's
         mark_running(output_dir, f"bertforge fine-tuning ({task.name})")
     started = time.perf_counter()
-    result = trainer.train(resume_from=resume)
+    try:
+        result = trainer.train(resume_from=resume)
+    except NonFiniteLossError as error:
+        if task.divergence_advice is None:
+            raise
+        raise error.with_advice(task.divergence_advice) from None
     wall = time.perf_counter() - started
     if trainer.context.is_main:
         best = json.loads((output_dir / EVAL_RESULTS).read_text(encoding="utf-8"))
@@ -213,6 +247,15 @@ def _run_name(lr: float, seed: int) -> str:
     return f"lr{lr:g}-seed{seed}"
 
 
+def grid_runs(lr: float, seed: int, lrs: Sequence[float] | None = None, seeds: Sequence[int] | None = None
+              ) -> list[tuple[float, int]] | None:
+    """The (learning rate, seed) of each run `finetune_grid` makes for these arguments; None for a single run
+    into OUT itself (neither `lrs` nor `seeds` given)."""
+    if lrs is None and seeds is None:
+        return None
+    return [(each_lr, each_seed) for each_lr in (lrs or [lr]) for each_seed in (seeds or [seed])]
+
+
 def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[float] | None = None,
                   seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Every (learning rate, seed) into OUT/lr{lr}-seed{seed}/; the learning rate with the best mean main
@@ -232,9 +275,7 @@ def finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: Sequence[flo
 
 def _finetune_grid(task: FinetuneTask, args: FinetuneArguments, lrs: list[float], seeds: list[int]) -> dict[str, Any]:
     output_dir = Path(args.output_dir)
-    if (output_dir / LOG_NAME).exists():  # the grid would overwrite that run's model with its best one
-        raise ValueError(f"{output_dir} holds a single run ({LOG_NAME}), not a learning-rate/seed grid: "
-                         "choose another --output-dir for the grid")
+    check_output_dir(output_dir, resume=True, grid=[])  # a single run's OUT; each run's own is judged by `finetune`
     if _is_main_process():  # OUT gets the best run's model only when every run is done
         mark_running(output_dir, f"bertforge fine-tuning grid ({task.name})")
     runs = []

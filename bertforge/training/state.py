@@ -47,7 +47,24 @@ RESUME_SETTINGS = ("batch_size", "grad_accum", "seed", "warmup_steps", "warmup_r
 
 class NonFiniteLossError(RuntimeError):
     """The loss became NaN or infinite; the message names the step and the last checkpoint saved before the
-    run diverged (training then resumes from it: `latest` points there)."""
+    run diverged (training then resumes from it: `latest` points there), then the likely causes: by default
+    the optimisation's (`ADVICE`); a task that knows better ones (a distillation: its temperature, the
+    teacher's cached outputs) gives its own through `with_advice`."""
+
+    ADVICE = ("Lower the learning rate (--lr: a resumed run applies the new rate from its step on), use a longer "
+              "warm-up or clip gradients (--max-grad-norm).")
+
+    def __init__(self, step: int, where: str, advice: str | None = None) -> None:
+        self.step, self.where, self.advice = step, where, advice if advice is not None else self.ADVICE
+        super().__init__(f"the loss is not finite (NaN or inf) at step {step}; training stopped; {where}. "
+                         f"{self.advice}")
+
+    def __reduce__(self):  # pickled (between processes) by its fields, not its message
+        return type(self), (self.step, self.where, self.advice)
+
+    def with_advice(self, advice: str) -> "NonFiniteLossError":
+        """The same failure with `advice` in place of the default likely causes."""
+        return type(self)(self.step, self.where, advice)
 
 
 def _plain(value: Any) -> Any:
@@ -254,10 +271,7 @@ class TrainingState:
                      "continues")
         else:
             where = "no checkpoint from before it was kept: start again"
-        raise NonFiniteLossError(
-            f"the loss is not finite (NaN or inf) at step {first_bad}; training stopped; {where}. "
-            "Lower the learning rate (--lr: a resumed run applies the new rate from its step on), use a longer "
-            "warm-up or clip gradients (--max-grad-norm).")
+        raise NonFiniteLossError(first_bad, where)
 
     def _check_health(self, record: dict[str, Any]) -> None:
         """Note whether a log record's training loss is finite and not exploding (over EXPLODING_FACTOR times
