@@ -76,3 +76,24 @@ def test_reference_loop_learns_a_toy_task_and_reports_each_epoch(tmp_path, save_
     assert result["adam_epsilon"] == 1e-8 and result["metrics"] == result["evals"][-1]
     assert result["train_loss"][-1][1] < result["train_loss"][0][1]
     assert result["metrics"]["macro_f1"] > 0.6  # learnt: predicting every label everywhere scores about 0.4
+
+
+def test_moments_reports_adams_second_moments_against_epsilon(tmp_path, save_tiny_checkpoint):
+    """benchmarks/multi_label_moments.py on a tiny checkpoint: every reported root of v̂ is positive and finite,
+    shares are fractions, and the JSON file is what it prints."""
+    model = save_tiny_checkpoint(tmp_path / "model", WORDS)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "emotions.txt").write_text("joy\nanger\n")
+    rows = [f"i love this so much\t{'0,1' if i % 3 else i % 2}\tid{i}\n" for i in range(96)]  # some with both
+    (data / "train.tsv").write_text("".join(rows))
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "multi_label_moments.py"), "--model", str(model),
+                           "--data", str(data), "--steps", "3", "--threads", "1", "--output", str(tmp_path / "m.json")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result == json.loads((tmp_path / "m.json").read_text()) and result["steps"] == 3
+    assert "classifier.weight" in result["tensors"] and 0.0 <= result["share_below_1e-6"] <= 1.0
+    for row in result["tensors"].values():
+        assert 0.0 < row["median_root_v"] < 1.0 and 0.0 <= row["share_below_1e-6"] <= 1.0
