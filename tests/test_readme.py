@@ -12,7 +12,8 @@ change, both in the tables below, keyed by the README's literal text:
 - INPUTS: how each input path the README names is made.
 
 `bertforge ...` runs in this process through `bertforge.cli.main` (what the `bertforge` console script
-calls); `torchrun` runs as `python -m torch.distributed.run` (two processes, Gloo on CPU) on a free port.
+calls), but `bertforge serve`, which runs until stopped: it starts as a process on a free loopback port,
+must answer /health, and on SIGTERM must exit cleanly within its --graceful-timeout; `torchrun` runs as `python -m torch.distributed.run` (two processes, Gloo on CPU) on a free port.
 A block that cannot run here is marked in the README by a comment line just before it,
 `<!-- readme-test: skip REASON -->`, and skipped with that reason (a marker anywhere else fails: it would
 skip nothing). A Hub id the README names (HUB_IDS) resolves offline
@@ -201,11 +202,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_server(rest: list[str], cwd: Path, shown: str) -> None:
+    """`bertforge serve ...` as a process on a free loopback port: up (/health answers 200), then SIGTERM, and
+    it must exit cleanly within its graceful timeout (and a margin for the interpreter's exit)."""
+    import signal
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    server = subprocess.Popen([sys.executable, "-m", "bertforge", *rest, "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, f"`{shown}` exited with {server.returncode}:\n{server.stdout.read()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, f"`{shown}`: /health did not answer within 180 s"
+            time.sleep(0.5)
+        grace = float(rest[rest.index("--graceful-timeout") + 1]) if "--graceful-timeout" in rest else 30.0
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(timeout=grace + 15)
+        log = server.stdout.read()
+        # uvicorn re-raises the signal once shut down: -SIGTERM is its clean exit, as 0
+        assert code in (0, -signal.SIGTERM) and "Traceback" not in log, f"`{shown}` after SIGTERM: exit {code}\n{log[-3000:]}"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
 def run_command(arguments: list[str], cwd: Path, capsys) -> None:
     """Run one README command in `cwd`; fail with its command line and error output unless it succeeds."""
     program, rest = arguments[0], arguments[1:]
     shown = shlex.join(arguments)
-    if program == "bertforge":
+    if program == "bertforge" and rest[:1] == ["serve"]:
+        run_server(rest, cwd, shown)
+    elif program == "bertforge":
         capsys.readouterr()
         try:
             code = main(rest)
