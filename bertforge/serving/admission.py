@@ -13,12 +13,9 @@ before it), and a request larger than one forward batch that would overtake it b
 
 A request alone in the queue is always admitted (its own size is bounded by the per-request limits),
 so an admitted request starts after at most `max_queued_tokens` of queued work and the call already
-running. `DEFAULT_MAX_QUEUED_TOKENS` is one request at the default limits (256 rows of 512 tokens):
-about 25 s of all-MiniLM-L6-v2 on 2 idle CPU cores, which ran about 5,600 tokens/s of 512-token rows
-under `benchmarks/serve_load.py --at-limits` at 69374ad (27 such requests in 630 s); scale it with the model's
-throughput (a BERT-base serves about a sixth of that). On a loaded machine the rate drops (1,000
-tokens/s was measured beside other jobs), which is why Retry-After uses the rate measured on the
-calls the server ran, not this figure.
+running. `DEFAULT_MAX_QUEUED_TOKENS` is one request at the default limits (256 rows of 512 tokens);
+the wait it means scales with the model's throughput (BENCHMARKS.md, the server's at-limits load), so
+Retry-After uses the rate measured on the calls the server ran, not an assumed one.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ from typing import Any
 from ..tasks.windows import windows
 from .pipelines import Pipeline
 
-# One at-limit request (256 rows of 512 tokens): ~25 s at the ~5,600 tokens/s MiniLM serves on 2 idle CPU cores.
+# One at-limit request (256 rows of 512 tokens).
 DEFAULT_MAX_QUEUED_TOKENS = 131_072
 # What the batcher assumes before it has measured its own rate (tokens/s), for Retry-After.
 DEFAULT_TOKENS_PER_SECOND = 5_600.0

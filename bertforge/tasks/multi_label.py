@@ -49,9 +49,8 @@ logger = logging.getLogger("bertforge")
 
 TASK_NAME = "multi-label"  # the `finetuning_task` of a fine-tuned multi-label model (and its CLI command)
 # `bertforge finetune multi-label`. AdamW's ε is torch's 1e-8, not the paper's 1e-6: the mean binary
-# cross-entropy over K labels gives the encoder gradients ~1/K of a softmax classifier's (MiniLM on
-# GoEmotions' 28: a median |g| of 1.2-2.6e-6 in the embeddings and lower layers after 40 steps), and ε 1e-6
-# damped those layers' updates by up to half (RESULTS.md, "Multi-label classification: GoEmotions").
+# cross-entropy over K labels gives the lower layers gradients near 1e-6, where ε 1e-6 shrinks their updates
+# (benchmarks/multi_label_moments.py; RESULTS.md, "Multi-label classification: GoEmotions").
 RECIPE = {"lr": 5e-5, "batch_size": 32, "epochs": 3.0, "max_seq_length": 128, "adam_epsilon": 1e-8}
 DEFAULT_THRESHOLD = 0.5  # a checkpoint without a tuned threshold (e.g. one trained by transformers)
 THRESHOLD_KEY, THRESHOLDS_KEY = "multi_label_threshold", "multi_label_thresholds"  # config.json

@@ -5,9 +5,8 @@ The reference is what a user writes from transformers' documentation: `BertForSe
 linear warm-up and decay, clipping at 1.0 (benchmarks/multi_label_reference.py runs it at full size).
 Both sides start from one checkpoint (its classifier included) with dropout off and read the same
 batches in the same order, so bertforge's engine (optimizer, schedule, clipping, the unpadded encoder)
-must follow the loop's trajectory to float rounding. AdamW's ε of 1e-6 (the paper's, bertforge's default
-before issue 64) does not: MiniLM's gradients on GoEmotions' 28 labels are ~1e-6 in the lower layers, so
-ε damped their updates by up to half, and the test shows it fails then."""
+must follow the loop's trajectory to float rounding. At AdamW's ε of 1e-6 (the paper's) it does not:
+MiniLM's lower-layer gradients on GoEmotions' 28 labels are near 1e-6, where ε shrinks their updates."""
 
 from __future__ import annotations
 
@@ -31,8 +30,8 @@ from bertforge.training.order import epoch_permutation
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 TRAIN_ROWS, DEV_ROWS, BATCH, SEED, LR = 480, 300, 16, 3, 1e-4
-# Largest weight difference after 30 steps: bertforge's and the loop's run differ by float rounding alone
-# (measured 2e-6 or less); with ε 1e-6 the lower layers' updates shrink and the gap is far above this.
+# Largest weight difference after 30 steps: bertforge's and the loop's run differ by float rounding alone;
+# with ε 1e-6 the lower layers' updates shrink and the gap is far above this.
 WEIGHT_TOLERANCE = 2e-5
 # Dev macro-F1 (one tuned threshold), points: the same trajectory must give the same score.
 F1_BAND = 0.5
