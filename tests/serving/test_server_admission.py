@@ -45,11 +45,20 @@ def test_work_is_counted_in_model_tokens(tiny_dirs):
     assert work_tokens(tag, {"texts": [long]}, {"stride": 31}) == 62 + 62 + 58 + 2 * 3
     answer = pipeline("answer", model=tiny_dirs["answer"])
     assert work_tokens(answer, {"questions": ["who ?"], "contexts": ["john smith"]}, {}) == 2 + 2 + 3
+    assert work_tokens(classify, {"texts": ["a good film"], "text_pairs": ["bad"]}, {}) == 3 + 1 + 3
+    # Similarity: a row per query and per candidate, each alone; multiple choice: a row per ending.
+    similarity = pipeline("similarity", model=tiny_dirs["embed"])
+    ranked = {"queries": ["a good film"], "texts": [["a good film", "bad"]]}
+    assert work_tokens(similarity, ranked, {}) == (3 + 2) + (3 + 2) + (1 + 2)
+    choice = pipeline("multiple-choice", model=tiny_dirs["multiple-choice"])
+    endings = {"contexts": ["a good film"], "endings": [["bad", "a good film"]]}
+    assert work_tokens(choice, endings, {}) == (3 + 1 + 3) + (3 + 3 + 3)
     # The lower bound counted without the tokenizer (words), never above the count.
     for pipe, inputs, options in ((classify, {"texts": ["a good film", "unbelievably, bad!"]}, {}),
                                   (classify, {"texts": ["a good film " * 40]}, {}),
                                   (tag, {"texts": [long]}, {"stride": 31}),
-                                  (answer, {"questions": ["who ?"], "contexts": [long]}, {})):
+                                  (answer, {"questions": ["who ?"], "contexts": [long]}, {}),
+                                  (similarity, ranked, {}), (choice, endings, {})):
         assert 0 < least_work_tokens(pipe, inputs, options) <= work_tokens(pipe, inputs, options)
 
 

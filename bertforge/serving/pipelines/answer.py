@@ -11,7 +11,7 @@ from ...tasks.arrays import softmax
 from ...tasks.windows import max_context_window
 from ..graphs import SpanGraph
 from ..registry import register_pipeline
-from .base import Feature, Pipeline, PipelineInputError, windows
+from .base import Feature, Pipeline, PipelineInputError, windowed_tokens, windows, word_count
 
 
 @register_pipeline("answer")
@@ -117,6 +117,18 @@ class AnswerPipeline(Pipeline):
                 _, score, start, end = best
                 results.append({"answer": context[start:end], "score": score, "start": start, "end": end})
         return results
+
+    def work_tokens(self, inputs, options) -> int:
+        """Each context's windows (`preprocess`'s), each row with its question (cut to
+        `max_query_length`) and three specials."""
+        questions = [min(n, self.max_query_length) for n in self.token_counts(inputs["questions"])]
+        contexts = self.token_counts(inputs["contexts"])
+        stride = options.get("doc_stride", 128)
+        return sum(windowed_tokens(c, self.max_length - q - 3, stride, q + 3) for q, c in zip(questions, contexts))
+
+    def least_work_tokens(self, inputs, options) -> int:
+        """Windows cover every token of a context: at least its words and one row's specials."""
+        return sum(word_count(context) + 3 for context in inputs["contexts"])
 
     def __call__(self, questions: Sequence[str], contexts: Sequence[str], *, batch_size: int = 32,
                  doc_stride: int = 128, max_answer_length: int = 30, handle_impossible_answer: bool | None = None,

@@ -104,6 +104,20 @@ def windows(length: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
         raise PipelineInputError(str(error)) from None
 
 
+def word_count(text: str) -> int:
+    """Whitespace-separated words: a lower bound of a text's word pieces (each word is at least one; a
+    word made only of characters the tokenizer drops counts one too), without the tokenizer."""
+    return len(text.split())
+
+
+def windowed_tokens(tokens: int, room: int, stride: int, overhead: int) -> int:
+    """Tokens of the rows a text of `tokens` word pieces yields in windows of `room` at `stride`, each
+    row `overhead` tokens more (its specials, a question)."""
+    if room < 1 or stride < 1:
+        return tokens + overhead
+    return sum(end - start + overhead for start, end in _windows(tokens, room, stride))
+
+
 # ---------------------------------------------------------------------------- the base class
 
 
@@ -261,6 +275,29 @@ class Pipeline:
             raise PipelineInputError(f"the inputs need {rows} model rows ({what}), over the limit of "
                                      f"{self.limits.max_rows} per call (max_rows): send fewer or shorter inputs")
 
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Word pieces of each text, no specials, not truncated."""
+        rows = self.tokenizer.encode_batch(list(texts), padding=False, truncation=False)
+        return [len(row["input_ids"]) - 2 for row in rows]
+
+    def work_tokens(self, inputs: dict[str, list], options: dict[str, Any]) -> int:
+        """The model tokens a server request will run, each row's length with its specials, for the
+        server's admission control (`serving.admission`): `inputs` keyed by `request_inputs`, `options` by
+        `request_options`. Here one row per text (with its `text_pairs` item) cut to `max_length`; a
+        pipeline whose rows are otherwise (windows, a row per choice) overrides it. Runs the tokenizer."""
+        first = self.token_counts(inputs[self.request_inputs[0]])
+        pairs = inputs.get("text_pairs")
+        if pairs is None:
+            return sum(min(self.max_length, n + 2) for n in first)
+        return sum(min(self.max_length, n + p + 3) for n, p in zip(first, self.token_counts(pairs)))
+
+    def least_work_tokens(self, inputs: dict[str, list], options: dict[str, Any]) -> int:
+        """A lower bound of `work_tokens` counted in words (`word_count`), without the tokenizer: fast
+        enough for the server's event loop."""
+        pairs = inputs.get("text_pairs")
+        return sum(min(self.max_length, word_count(text) + (word_count(pairs[i]) + 3 if pairs else 2))
+                   for i, text in enumerate(inputs[self.request_inputs[0]]))
+
     def with_limits(self, limits: RequestLimits | None) -> "Pipeline":
         """This pipeline (sharing its model and tokenizer) with other cost limits: the server's."""
         other = copy.copy(self)
@@ -395,4 +432,4 @@ class Pipeline:
 
 
 __all__ = ["BASE_INPUTS", "MASK_TOKEN", "Feature", "Pipeline", "PipelineInputError", "check_texts",
-           "tokenizes_to_nothing", "windows"]
+           "tokenizes_to_nothing", "windowed_tokens", "windows", "word_count"]

@@ -17,7 +17,7 @@ from ...modeling import BertModel
 from ...tasks.sentence_embedding import CONFIG_KEY, SentencePooling, read_pooling
 from ..graphs import HiddenStatesGraph
 from ..registry import register_pipeline
-from .base import Feature, Pipeline, PipelineInputError, check_texts
+from .base import Feature, Pipeline, PipelineInputError, check_texts, word_count
 
 
 @register_pipeline("embed")
@@ -166,6 +166,15 @@ class SimilarityPipeline(EmbedPipeline):
             order = np.argsort(-scores, kind="stable")[:top_k]
             results.append([{"index": int(j), "text": row[j], "score": float(scores[j])} for j in order])
         return results
+
+    def work_tokens(self, inputs, options) -> int:
+        """One row per query and per candidate, each embedded alone, cut to `max_length`."""
+        texts = list(inputs["queries"]) + [text for row in inputs["texts"] for text in row]
+        return sum(min(self.max_length, n + 2) for n in self.token_counts(texts))
+
+    def least_work_tokens(self, inputs, options) -> int:
+        texts = list(inputs["queries"]) + [text for row in inputs["texts"] for text in row]
+        return sum(min(self.max_length, word_count(text) + 2) for text in texts)
 
     def __call__(self, queries: Sequence[str], texts: Sequence[Sequence[str]], *, batch_size: int = 32,
                  top_k: int | None = None) -> list[list[dict]]:

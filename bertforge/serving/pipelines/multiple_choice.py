@@ -19,7 +19,7 @@ from ...tasks.arrays import softmax
 from ...tasks.multiple_choice import ChoiceExample, convert_examples_to_features
 from ..graphs import ChoiceGraph
 from ..registry import register_pipeline
-from .base import Feature, Pipeline, PipelineInputError, check_texts
+from .base import Feature, Pipeline, PipelineInputError, check_texts, word_count
 
 
 @register_pipeline("multiple-choice")
@@ -92,6 +92,19 @@ class MultipleChoicePipeline(Pipeline):
             results.append({"label": best, "ending": options[best], "score": float(probs[best]),
                             "scores": [float(p) for p in probs]})
         return results
+
+    def work_tokens(self, inputs, options) -> int:
+        """One row per (context, ending): the context, the ending's start if given, the ending, three
+        specials, cut to `max_length`."""
+        contexts = self.token_counts(inputs["contexts"])
+        starts = self.token_counts(inputs["starts"]) if inputs.get("starts") else [0] * len(contexts)
+        return sum(min(self.max_length, context + start + ending + 3)
+                   for context, start, endings in zip(contexts, starts, inputs["endings"])
+                   for ending in self.token_counts(endings))
+
+    def least_work_tokens(self, inputs, options) -> int:
+        return sum(min(self.max_length, word_count(context) + word_count(ending) + 3)
+                   for context, endings in zip(inputs["contexts"], inputs["endings"]) for ending in endings)
 
     def __call__(self, contexts: Sequence[str], endings: Sequence[Sequence[str]], *, batch_size: int = 32,
                  starts: Sequence[str] | None = None) -> list[dict]:

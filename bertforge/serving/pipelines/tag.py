@@ -14,7 +14,7 @@ from ...tasks.windows import max_context_window
 from ..entities import group_entities
 from ..graphs import WordLogitsGraph
 from ..registry import register_pipeline
-from .base import Feature, Pipeline, PipelineInputError, windows
+from .base import Feature, Pipeline, PipelineInputError, windowed_tokens, windows, word_count
 
 
 @register_pipeline("tag")
@@ -116,6 +116,16 @@ class TagPipeline(Pipeline):
             else:
                 results.append(group_entities(text, words))
         return results
+
+    def work_tokens(self, inputs, options) -> int:
+        """Each text's windows (`preprocess`'s), each with its [CLS] and [SEP]."""
+        room = self.max_length - 2
+        stride = options.get("stride") or room // 2
+        return sum(windowed_tokens(n, room, stride, 2) for n in self.token_counts(inputs["texts"]))
+
+    def least_work_tokens(self, inputs, options) -> int:
+        """Windows cover every token of a text: at least its words and one row's specials."""
+        return sum(word_count(text) + 2 for text in inputs["texts"])
 
     def __call__(self, texts: Sequence[str], *, batch_size: int = 32, aggregation: str = "simple",
                  stride: int | None = None) -> list[list[dict]]:
