@@ -47,7 +47,7 @@ HELD_OUT = ("Macbeth", "Twelfth Night", "Richard II")
 # The fine-tuning task's labels. The First Folio's three kinds; the Roman plays are tragedies there.
 # The problem plays and the late romances are left out: their genre is a matter of debate.
 GENRE_LABELS = {"comedies": "comedy", "histories": "history", "tragedies": "tragedy", "roman": "tragedy"}
-# Pre-training's recipe (the README's quickstart paragraph says how it was chosen): BERT-Tiny, masked LM
+# Pre-training's recipe (docs/guide/quickstart.md says how it was chosen): BERT-Tiny, masked LM
 # without NSP (the paper's "No NSP" ablation; NSP stays at chance at this budget), a learning rate a model this
 # small takes, bf16 autocast where the CPU computes it natively (`cpu_precision`).
 MAX_STEPS = 1500

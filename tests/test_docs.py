@@ -1,7 +1,8 @@
 """The docs' links and section citations resolve, so a renamed section or a moved file cannot leave a dead one.
 
 Two kinds of reference are checked, in every Markdown file of the repository (README, ARCHITECTURE,
-BENCHMARKS, RESULTS, docs/**) and, for citations, in the code too:
+BENCHMARKS, RESULTS, docs/**: the user guide in docs/guide/ and the results in docs/results/) and, for
+citations, in the code too:
 
 - a relative Markdown link or image (`[text](path#anchor)`, `<img src="path">`) names a file or folder
   that exists, and its `#anchor`, if any, is a heading of that file (GitHub's slugs);
@@ -64,6 +65,13 @@ def test_slug_follows_github():
     assert slug("The paper's ablations in miniature (§5)") == "the-papers-ablations-in-miniature-5"
     assert slug("Fine-tuning against the peer's `Trainer`: best settings") == (
         "fine-tuning-against-the-peers-trainer-best-settings")
+
+
+def test_the_user_guide_is_checked():
+    """The guide's pages are among the files checked, the README and the guide's index with them."""
+    checked = {p.relative_to(REPO).as_posix() for p in _files("*.md")}
+    guide = {p.relative_to(REPO).as_posix() for p in (REPO / "docs" / "guide").glob("*.md")}
+    assert "docs/guide/README.md" in guide and {"README.md"} | guide <= checked
 
 
 def test_every_relative_link_in_the_docs_resolves():

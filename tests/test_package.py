@@ -1,4 +1,4 @@
-"""The public names: everything in `bertforge.__all__` exists, and the README's imports work."""
+"""The public names: everything in `bertforge.__all__` exists, and the imports the README and the guide show work."""
 
 from __future__ import annotations
 
@@ -13,10 +13,14 @@ def test_all_names_exist():
         assert hasattr(bertforge, name), name
 
 
-def test_readme_imports_work():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    imports = re.findall(r"^from (bertforge[\w.]*) import ([\w, ]+)$", readme, flags=re.MULTILINE)
-    assert imports, "the README shows no imports"
-    for module, names in imports:
+def test_docs_imports_work():
+    repo = Path(__file__).resolve().parents[1]
+    pages = [repo / "README.md", *sorted((repo / "docs" / "guide").glob("*.md"))]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
+    imports = re.findall(r"^(?:from (bertforge[\w.]*) import ([\w, ]+)|import (bertforge[\w.]*))$", text,
+                         flags=re.MULTILINE)
+    assert imports, "the docs show no imports"
+    for module, names, whole in imports:
         namespace: dict = {}
-        exec(f"from {module} import {names}", namespace)  # noqa: S102 - the README's own lines
+        line = f"from {module} import {names}" if module else f"import {whole}"
+        exec(line, namespace)  # noqa: S102 - the docs' own lines

@@ -1,26 +1,27 @@
-"""Every shell command in the README runs, as written, so the README cannot drift from the code.
+"""Every shell command in the docs runs, as written, so the README and the user guide cannot drift from the code.
 
-Each ```bash block of README.md is one test: its commands (`\\` continuations joined, trailing `# comments`
-dropped) run in order in a scratch directory that holds the inputs the README names (`corpus/*.txt`,
-`glue/`, `train.json`, ...), made from a few rows of the real data in ../shared/data. Only two things
-change, both in the tables below, keyed by the README's literal text:
+The pages are README.md and every docs/guide/*.md (PAGES). Each ```bash block of a page is one test, named by
+the page and the heading above it: its commands (`\\` continuations joined, trailing `# comments` dropped) run in
+order in a scratch directory of that page's own, shared by its blocks in page order, that holds the inputs the
+pages name (`corpus/*.txt`, `glue/`, `train.json`, ...), made from a few rows of the real data in
+../shared/data. Only two things change, both in the tables below, keyed by the pages' literal text:
 
 - SUBSTITUTIONS: sizes (a small vocabulary, 2 steps instead of 10,000, smaller batches) and the model
   (`DIR`: a checkpoint of BERT-Tiny's width with 4 layers, enough for `--features concat-last-4`, random
   weights, with bert-base-uncased's real vocabulary from the packaged all-MiniLM-L6-v2: it loads as any
   checkpoint does, at a fraction of MiniLM's compute);
-- INPUTS: how each input path the README names is made.
+- INPUTS: how each input path a page names is made.
 
 `bertforge ...` runs in this process through `bertforge.cli.main` (what the `bertforge` console script
 calls), but `bertforge serve`, which runs until stopped: it starts as a process on a free loopback port,
 must answer /health, and on SIGTERM must exit cleanly within its --graceful-timeout; `torchrun` runs as `python -m torch.distributed.run` (two processes, Gloo on CPU) on a free port.
-A block that cannot run here is marked in the README by a comment line just before it,
+A block that cannot run here is marked in its page by a comment line just before it,
 `<!-- readme-test: skip REASON -->`, and skipped with that reason (a marker anywhere else fails: it would
-skip nothing). A Hub id the README names (HUB_IDS) resolves offline
+skip nothing). A Hub id a page names (HUB_IDS) resolves offline
 from a Hub cache in the hub's own layout that holds DIR's files: nothing touches a network.
 
-A new README command needs at most a new row in a table: a size to shrink, an input to make, a reason to
-skip it.
+A new command on a page needs at most a new row in a table: a size to shrink, an input to make, a reason to
+skip it; a new page in docs/guide/ is picked up as it is.
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ import torch
 from bertforge.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
+# The pages whose ```bash blocks run: the README, then the user guide's pages.
+PAGES = [REPO / "README.md", *sorted((REPO / "docs" / "guide").glob("*.md"))]
+TF_CHECKPOINT = Path(__file__).parent / "fixtures" / "tf_bert_tiny"
 SWAG = Path(__file__).parent / "fixtures" / "swag"
 Make = Callable[[Path, Path], None]  # writes one input: (its path in the scratch directory, ../shared/data)
 
-# The README's text -> what runs instead. A key is one argument or a flag with its value ("--flag value"),
+# The pages' text -> what runs instead. A key is one argument or a flag with its value ("--flag value"),
 # matched as whole arguments; the value replaces them. `{model}` is the `model_dir` fixture's checkpoint.
 SUBSTITUTIONS: dict[str, str] = {
     "--vocab-size 30522": "--vocab-size 300",
@@ -62,7 +65,7 @@ SUBSTITUTIONS: dict[str, str] = {
     "DIR": "{model}",
 }
 
-# Hub ids the README names: served offline from a Hub cache in the hub's own layout holding DIR's files.
+# Hub ids the pages name: served offline from a Hub cache in the hub's own layout holding DIR's files.
 HUB_IDS = ("google-bert/bert-base-uncased",)
 
 
@@ -113,15 +116,31 @@ def _sst2_csv(split: str, count: int) -> Make:
     return make
 
 
+def _sst2_sentences(split: str, count: int) -> Make:
+    """The first `count` SST-2 sentences, one a line, no label: transfer text for a distilled student."""
+    def make(target: Path, shared: Path) -> None:
+        with open(shared / "glue" / "SST-2" / f"{split}.tsv", encoding="utf-8") as source:
+            rows = list(csv.DictReader(source, delimiter="\t", quoting=csv.QUOTE_NONE))[:count]
+        target.write_text("".join(row["sentence"].strip() + "\n" for row in rows), encoding="utf-8")
+    return make
+
+
 def _copy(source: Path) -> Make:
     def make(target: Path, shared: Path) -> None:
         shutil.copyfile(source, target)
     return make
 
 
+def _tf_checkpoint(target: Path, shared: Path) -> None:
+    """A Google TF checkpoint prefix (`DIR/bert_model.ckpt`): the tiny fixture's files, config and vocab beside."""
+    for source in TF_CHECKPOINT.iterdir():
+        if source.name.startswith("bert_model.ckpt") or source.name in ("bert_config.json", "vocab.txt"):
+            shutil.copyfile(source, target.parent / source.name)
+
+
 BOOKS = Path("pretraining") / "books"
 
-# Input paths the README names -> how to make them (target path, ../shared/data).
+# Input paths the pages name -> how to make them (target path, ../shared/data).
 INPUTS: dict[str, Make] = {
     "corpus/a.txt": _lines(Path("pretraining") / "sample_text.txt", 200, header=False),
     "corpus/b.txt": _lines(BOOKS / "Carroll_Alice_1865.txt", 300, header=False),
@@ -148,14 +167,17 @@ INPUTS: dict[str, Make] = {
     "sts/train.tsv": _lines(Path("glue") / "STS-B" / "train.tsv", 16),
     "sts/dev.tsv": _lines(Path("glue") / "STS-B" / "dev.tsv", 8),
     "sentences.txt": _lines(Path("pretraining") / "sample_text.txt", 3, header=False),
+    "text/a.txt": _sst2_sentences("test", 6),  # unlabelled transfer text: one sentence a line
+    "uncased_L-12_H-768_A-12/bert_model.ckpt": _tf_checkpoint,
 }
 
 SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s+(.*?)\s*-->")
 
 
 def readme_blocks(text: str) -> list[dict]:
-    """The ```bash blocks: {"name" (the heading above and a number), "commands" (argument lists), "skip"
-    (the reason of a `<!-- readme-test: skip REASON -->` line just before the block, or None)}."""
+    """A page's ```bash blocks: {"name" (the heading above and the block's number in the page), "commands"
+    (argument lists), "skip" (the reason of a `<!-- readme-test: skip REASON -->` line just before the block, or
+    None)}."""
     blocks = []
     heading = "top"
     lines = text.splitlines()
@@ -238,7 +260,7 @@ def run_server(rest: list[str], cwd: Path, shown: str) -> None:
 
 
 def run_command(arguments: list[str], cwd: Path, capsys) -> None:
-    """Run one README command in `cwd`; fail with its command line and error output unless it succeeds."""
+    """Run one page's command in `cwd`; fail with its command line and error output unless it succeeds."""
     program, rest = arguments[0], arguments[1:]
     shown = shlex.join(arguments)
     if program == "bertforge" and rest[:1] == ["serve"]:
@@ -264,22 +286,36 @@ def run_command(arguments: list[str], cwd: Path, capsys) -> None:
         result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, f"`{shown}` exited with {result.returncode}:\n{result.stderr[-3000:]}"
     else:
-        pytest.fail(f"README command `{shown}`: no way to run {program!r} here; add a case to run_command "
+        pytest.fail(f"docs command `{shown}`: no way to run {program!r} here; add a case to run_command "
                     "or mark the block <!-- readme-test: skip REASON -->")
 
 
-BLOCKS = readme_blocks(README.read_text(encoding="utf-8"))
+def page_name(page: Path) -> str:
+    """A page as the tests name it: its path in the repository, without `.md` (`README`, `docs/guide/distil`)."""
+    return page.relative_to(REPO).with_suffix("").as_posix()
+
+
+# Every page's blocks, in page order; "page" names the page, "id" the test (`docs/guide/distil:Distil-0`).
+BLOCKS = [dict(block, page=page_name(page), id=f"{page_name(page)}:{block['name']}")
+          for page in PAGES for block in readme_blocks(page.read_text(encoding="utf-8"))]
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory, shared_data) -> Path:
-    """A directory holding every input the README names (INPUTS), shared by the blocks in README order."""
-    root = tmp_path_factory.mktemp("readme")
-    for name, make in INPUTS.items():
-        target = root / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        make(target, shared_data)
-    return root
+def workspaces(tmp_path_factory, shared_data) -> Callable[[str], Path]:
+    """A page's scratch directory, made on its first block: every input the pages name (INPUTS), then what the
+    page's blocks write, in page order. Pages do not share one, so each page's blocks run on their own (`-k`)."""
+    made: dict[str, Path] = {}
+
+    def workspace(page: str) -> Path:
+        if page not in made:
+            root = tmp_path_factory.mktemp("docs")
+            for name, make in INPUTS.items():
+                target = root / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                make(target, shared_data)
+            made[page] = root
+        return made[page]
+    return workspace
 
 
 @pytest.fixture(scope="module")
@@ -302,10 +338,11 @@ def _is_slow(block: dict) -> bool:
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, marks=[pytest.mark.slow] if _is_slow(b) else []) for b in BLOCKS],
-                         ids=[b["name"] for b in BLOCKS])
-def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, capsys, tmp_path, add_to_hub_cache):
+                         ids=[b["id"] for b in BLOCKS])
+def test_docs_block_runs_as_written(block, workspaces, model_dir, monkeypatch, capsys, tmp_path, add_to_hub_cache):
     if block["skip"]:
         pytest.skip(block["skip"])
+    workspace = workspaces(block["page"])
     monkeypatch.chdir(workspace)
     cache = tmp_path / "hub"
     for repo_id in HUB_IDS:
@@ -322,19 +359,34 @@ def test_readme_block_runs_as_written(block, workspace, model_dir, monkeypatch, 
         torch.set_num_threads(threads)
 
 
-def test_readme_skip_markers_each_precede_a_bash_block():
+def test_docs_skip_markers_each_precede_a_bash_block():
     """A skip marker skips only the ```bash block on the next line: one left elsewhere (the block moved, or
     another language's fence) would silently skip nothing, so it fails here, as a marker without a reason."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    stray = [f"README.md:{n + 1}: {line.strip()}" for n, line in enumerate(lines) if "readme-test" in line
-             and not (SKIP.search(line) and SKIP.search(line).group(1) and n + 1 < len(lines)
-                      and lines[n + 1].strip() == "```bash")]
+    stray = []
+    for page in PAGES:
+        lines = page.read_text(encoding="utf-8").splitlines()
+        stray += [f"{page.relative_to(REPO)}:{n + 1}: {line.strip()}" for n, line in enumerate(lines)
+                  if "readme-test" in line and not (SKIP.search(line) and SKIP.search(line).group(1)
+                                                    and n + 1 < len(lines) and lines[n + 1].strip() == "```bash")]
     assert stray == [], "readme-test markers that skip no ```bash block (or give no reason):\n" + "\n".join(stray)
 
 
-def test_readme_tables_match_the_readme():
-    """Every substitution and input is still named by the README: a stale row fails instead of lingering."""
-    text = README.read_text(encoding="utf-8")
+def test_readme_opens_with_the_two_commands():
+    """The README's first block is the two commands a newcomer runs: the quickstart, then the test suite."""
+    first = next(b for b in BLOCKS if b["page"] == "README")
+    assert [c[:2] for c in first["commands"]] == [["make", "quickstart"], ["make", "test"]]
+
+
+def test_guide_pages_are_run_and_linked():
+    """The README links the guide's index, and the index links every guide page."""
+    guide = REPO / "docs" / "guide"
+    index = (guide / "README.md").read_text(encoding="utf-8")
+    assert "(docs/guide/README.md)" in (REPO / "README.md").read_text(encoding="utf-8")
+    assert [p.name for p in guide.glob("*.md") if p.name != "README.md" and f"]({p.name})" not in index] == []
+
+
+def test_docs_tables_match_the_docs():
+    """Every substitution and input is still named by some page: a stale row fails instead of lingering."""
     arguments = [a for block in BLOCKS for command in block["commands"] for a in command]
     joined = [" ".join(arguments[i:i + 2]) for i in range(len(arguments))]
     assert [key for key in SUBSTITUTIONS if key not in arguments and key not in joined] == []
@@ -342,5 +394,5 @@ def test_readme_tables_match_the_readme():
     for path in INPUTS:
         parents = {str(Path(path).parent)} | {str(p) for p in Path(path).parents}
         assert path in named or parents & named or any(
-            "*" in a and Path(path).match(a) for a in named), f"INPUTS[{path!r}]: the README names no such input"
-    assert "```bash" in text and any(not b["skip"] for b in BLOCKS)
+            "*" in a and Path(path).match(a) for a in named), f"INPUTS[{path!r}]: no page names such an input"
+    assert any(not b["skip"] for b in BLOCKS if b["page"] == "README"), "the README runs no block"

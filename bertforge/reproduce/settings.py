@@ -37,7 +37,7 @@ _SIZE = re.compile(r"^(\d+)/(\d+)/(\d+)$")
 @dataclass
 class ReproduceSettings:
     """`bertforge reproduce`'s settings. The defaults are the CPU miniature (see `estimate` in the CLI's help);
-    `--steps 20000 --config mini --device cuda` is the larger setting for a GPU (README)."""
+    `--steps 20000 --config mini --device cuda` is the larger setting for a GPU (docs/guide/reproduce.md)."""
 
     output_dir: str | os.PathLike = setting(help="where data, models, table.md, results.json and plots/ go")
     table: str = setting("table5", "which of the paper's tables", choices=TABLES)

@@ -226,7 +226,7 @@ def test_cli_refuses_to_overwrite_a_run_and_reports_bad_input(corpus, tmp_path, 
 
 
 def test_prepared_data_is_all_pretrain_needs(corpus, tmp_path, capsys):
-    # The README's road: prepare-pretraining, then pretrain --data with no --vocab.
+    # The user guide's road (docs/guide/pretrain.md): prepare-pretraining, then pretrain --data with no --vocab.
     data = corpus / "p64"
     assert (data / "vocab.txt").read_bytes() == (corpus / "vocab.txt").read_bytes()
     assert json.loads((data / "tokenizer_config.json").read_text())["do_lower_case"] is True
