@@ -13,6 +13,8 @@ from ..graphs import SpanGraph
 from ..registry import register_pipeline
 from .base import Feature, Pipeline, PipelineInputError, windowed_tokens, windows, word_count
 
+DOC_STRIDE = 128  # tokens between window starts when a context outgrows the input (Google's run_squad default)
+
 
 @register_pipeline("answer")
 class AnswerPipeline(Pipeline):
@@ -42,12 +44,12 @@ class AnswerPipeline(Pipeline):
     def build_graph(cls, model):
         return SpanGraph(model)
 
-    def check_options(self, doc_stride=128, max_answer_length=30, **_) -> None:
+    def check_options(self, doc_stride=DOC_STRIDE, max_answer_length=30, **_) -> None:
         if not isinstance(max_answer_length, int) or isinstance(max_answer_length, bool) or max_answer_length < 1:
             raise PipelineInputError(f"max_answer_length must be a positive integer, got {max_answer_length!r}")
         self.check_stride("doc_stride", doc_stride)
 
-    def preprocess(self, questions, contexts, doc_stride=128, max_answer_length=30,
+    def preprocess(self, questions, contexts, doc_stride=DOC_STRIDE, max_answer_length=30,
                    handle_impossible_answer=None, null_threshold=0.0):
         if len(questions) != len(contexts):
             raise PipelineInputError(f"{len(questions)} questions but {len(contexts)} contexts")
@@ -69,7 +71,7 @@ class AnswerPipeline(Pipeline):
                     "offsets": offsets, "spans": spans, "window": w, "context_start": len(question) + 2}))
         return features
 
-    def postprocess(self, inputs, features, outputs, doc_stride=128, max_answer_length=30,
+    def postprocess(self, inputs, features, outputs, doc_stride=DOC_STRIDE, max_answer_length=30,
                     handle_impossible_answer=None, null_threshold=0.0):
         if handle_impossible_answer is None:
             handle_impossible_answer = bool(self.config.extra.get("version_2_with_negative", False))
@@ -123,7 +125,7 @@ class AnswerPipeline(Pipeline):
         `max_query_length`) and three specials."""
         questions = [min(n, self.max_query_length) for n in self.token_counts(inputs["questions"])]
         contexts = self.token_counts(inputs["contexts"])
-        stride = options.get("doc_stride", 128)
+        stride = options.get("doc_stride", DOC_STRIDE)
         return sum(windowed_tokens(c, self.max_length - q - 3, stride, q + 3) for q, c in zip(questions, contexts))
 
     def least_work_tokens(self, inputs, options) -> int:
@@ -131,7 +133,7 @@ class AnswerPipeline(Pipeline):
         return sum(word_count(context) + 3 for context in inputs["contexts"])
 
     def __call__(self, questions: Sequence[str], contexts: Sequence[str], *, batch_size: int = 32,
-                 doc_stride: int = 128, max_answer_length: int = 30, handle_impossible_answer: bool | None = None,
+                 doc_stride: int = DOC_STRIDE, max_answer_length: int = 30, handle_impossible_answer: bool | None = None,
                  null_threshold: float = 0.0) -> list[dict]:
         return super().__call__(questions, contexts, batch_size=batch_size, doc_stride=doc_stride,
                                 max_answer_length=max_answer_length,

@@ -152,8 +152,7 @@ class SimilarityPipeline(EmbedPipeline):
             raise PipelineInputError(f"top_k must be a positive integer, got {top_k!r}")
 
     def preprocess(self, queries, texts, top_k=None):
-        flat = list(queries) + [text for row in texts for text in row]
-        return self.encode_texts(flat)
+        return self.encode_texts(self._rows(queries, texts))
 
     def postprocess(self, inputs, features, outputs, top_k=None):
         queries, texts = inputs
@@ -167,14 +166,17 @@ class SimilarityPipeline(EmbedPipeline):
             results.append([{"index": int(j), "text": row[j], "score": float(scores[j])} for j in order])
         return results
 
+    @staticmethod
+    def _rows(queries: Sequence[str], texts: Sequence[Sequence[str]]) -> list[str]:
+        """The texts a call embeds, each alone: its queries, then every candidate."""
+        return list(queries) + [text for row in texts for text in row]
+
     def work_tokens(self, inputs, options) -> int:
-        """One row per query and per candidate, each embedded alone, cut to `max_length`."""
-        texts = list(inputs["queries"]) + [text for row in inputs["texts"] for text in row]
-        return sum(min(self.max_length, n + 2) for n in self.token_counts(texts))
+        """One row per query and per candidate, cut to `max_length`."""
+        return sum(min(self.max_length, n + 2) for n in self.token_counts(self._rows(inputs["queries"], inputs["texts"])))
 
     def least_work_tokens(self, inputs, options) -> int:
-        texts = list(inputs["queries"]) + [text for row in inputs["texts"] for text in row]
-        return sum(min(self.max_length, word_count(text) + 2) for text in texts)
+        return sum(min(self.max_length, word_count(text) + 2) for text in self._rows(inputs["queries"], inputs["texts"]))
 
     def __call__(self, queries: Sequence[str], texts: Sequence[Sequence[str]], *, batch_size: int = 32,
                  top_k: int | None = None) -> list[list[dict]]:

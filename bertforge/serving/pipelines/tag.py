@@ -62,9 +62,14 @@ class TagPipeline(Pipeline):
             starts = np.concatenate([[0], starts])
         return starts
 
-    def preprocess(self, texts, aggregation="simple", stride=None):
+    def window(self, stride: int | None) -> tuple[int, int]:
+        """(tokens per window, stride) of a call: room for a text's tokens beside [CLS] and [SEP], and a
+        stride of half of it unless given."""
         max_tokens = self.max_length - 2
-        stride = max_tokens // 2 if stride is None else stride
+        return max_tokens, max_tokens // 2 if stride is None else stride
+
+    def preprocess(self, texts, aggregation="simple", stride=None):
+        max_tokens, stride = self.window(stride)
         rows = self.tokenizer.encode_batch(texts, max_length=self.max_length, truncation=False, padding=False,
                                            return_offsets=True)
         cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
@@ -119,8 +124,7 @@ class TagPipeline(Pipeline):
 
     def work_tokens(self, inputs, options) -> int:
         """Each text's windows (`preprocess`'s), each with its [CLS] and [SEP]."""
-        room = self.max_length - 2
-        stride = options.get("stride") or room // 2
+        room, stride = self.window(options.get("stride"))
         return sum(windowed_tokens(n, room, stride, 2) for n in self.token_counts(inputs["texts"]))
 
     def least_work_tokens(self, inputs, options) -> int:
