@@ -8,7 +8,8 @@ batches of 32 drawn by a seeded permutation each epoch (uniformly shuffled; `--g
 each mega-batch of 50 batches by length, as transformers' `LengthGroupedSampler`), each batch padded to
 its longest row, fp32 (`--bf16`: bf16 autocast on the CPU), max length 128. After each epoch the dev set
 is scored with one decision threshold for every label tuned on dev (bertforge's `tune_thresholds`, so both
-sides are scored by the same code); the reported figure is the last epoch's (`best` is also given).
+sides are scored by the same code); the reported figure is the last epoch's (`best` is also given), with
+each label's F1.
 
     python benchmarks/multi_label_reference.py --seed 1 --lr 1e-4 --output runs/reference-seed1.json
 
@@ -133,7 +134,8 @@ def main() -> None:
         gold = dev_labels.numpy() > 0.5
         threshold = tune_thresholds(probabilities, gold)
         scores = multi_label_metrics(probabilities >= threshold, gold)
-        return {"macro_f1": scores["f1_macro"], "micro_f1": scores["f1_micro"], "threshold": float(threshold[0])}
+        return {"macro_f1": scores["f1_macro"], "micro_f1": scores["f1_micro"], "threshold": float(threshold[0]),
+                "per_label_f1": {name: float(f1) for name, f1 in zip(names, scores["per_label"]["f1"])}}
 
     model.train()
     step, window, losses, evals = 0, [], [], []

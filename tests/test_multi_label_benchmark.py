@@ -76,6 +76,8 @@ def test_reference_loop_learns_a_toy_task_and_reports_each_epoch(tmp_path, save_
     assert result["adam_epsilon"] == 1e-8 and result["metrics"] == result["evals"][-1]
     assert result["train_loss"][-1][1] < result["train_loss"][0][1]
     assert result["metrics"]["macro_f1"] > 0.6  # learnt: predicting every label everywhere scores about 0.4
+    per_label = result["metrics"]["per_label_f1"]  # each label's F1, averaging to the macro figure
+    assert len(per_label) == 4 and sum(per_label.values()) / 4 == pytest.approx(result["metrics"]["macro_f1"])
 
 
 def test_moments_reports_adams_second_moments_against_epsilon(tmp_path, save_tiny_checkpoint):

@@ -101,6 +101,56 @@ def test_loss_and_gradients_equal_transformers(tiny_model, tmp_path, unpad):
     assert checked > 20 and ours.classifier.weight.grad.abs().sum() > 0
 
 
+def _mean_gradient(model, inputs: dict, labels: torch.Tensor, draws: int, **kwargs):
+    """Every parameter's gradient (flattened, float64) averaged over `draws` dropout masks, and its variance."""
+    model.train()
+    total = square = None
+    for _ in range(draws):
+        model.zero_grad()
+        model(**inputs, labels=labels, **kwargs).loss.backward()
+        grad = torch.cat([p.grad.flatten() for _, p in sorted(model.named_parameters()) if p.grad is not None]).double()
+        total = grad if total is None else total + grad
+        square = grad * grad if square is None else square + grad * grad
+    mean = total / draws
+    return mean, square / draws - mean * mean
+
+
+def test_dropout_trains_as_transformers_in_distribution(tiny_model, tmp_path):
+    """With dropout on (as fine-tuning runs), the gradient bertforge's unpadded path gives, averaged over
+    many dropout masks, equals the peer's within sampling noise: dropout sits at the same places with the
+    same rate (issue 64's bisection: the one part of a training step the trajectory tests run without).
+    Measured as z-scores of the difference of the two mean gradients, whose root mean square is 1 when
+    the two are equally distributed; a peer with another dropout rate is far from it (the test can fail)."""
+    torch.manual_seed(0)
+    ours, peer = _peer_and_ours(tiny_model, tmp_path)
+    tokenizer = BertTokenizer.from_pretrained(tiny_model)
+    data = rows(8, 1)
+    batch = tokenizer.encode_batch([t for t, _ in data], max_length=32, padding="longest", return_tensors="pt")
+    labels = torch.from_numpy(multi_hot([[EMOTIONS.index(n) for n in names] for _, names in data], 4)
+                              .astype(np.float32))
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    with torch.no_grad():  # a head that is not near zero, so that its input's dropout shows in the gradients
+        for model in (ours, peer):
+            torch.manual_seed(1)
+            model.classifier.weight.normal_(0, 1.0)
+    draws = 400
+
+    def z_rms(a, b) -> float:
+        (mean_a, var_a), (mean_b, var_b) = a, b
+        z = (mean_a - mean_b) / torch.sqrt((var_a + var_b) / draws + 1e-30)
+        return float(z.pow(2).mean().sqrt())
+
+    torch.manual_seed(2)
+    bertforge_side = _mean_gradient(ours, inputs, labels, draws, unpad=True)
+    peer_side = _mean_gradient(peer, inputs, labels, draws)
+    assert 0.85 < z_rms(bertforge_side, peer_side) < 1.2
+    peer.config.hidden_dropout_prob = 0.3  # the negative control: dropout at another rate in every layer
+    for module in peer.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.3
+    assert z_rms(bertforge_side, _mean_gradient(peer, inputs, labels, draws)) > 1.5
+
+
 def test_a_transformers_multi_label_checkpoint_loads_and_config_round_trips(tiny_model, tmp_path):
     ours, peer = _peer_and_ours(tiny_model, tmp_path)
     peer.config.update({"multi_label_threshold": 0.3, "multi_label_thresholds": None})
