@@ -1,0 +1,12 @@
+"""bertforge's benchmarks: speed and memory beside the peer, and the harness that times them.
+
+Run from the repository root:
+
+    python -m benchmarks list                          # every ported benchmark and the figure it backs
+    python -m benchmarks run NAME... [--quick]         # time them; JSON to docs/results/ (--quick: stdout)
+    python -m benchmarks render [--check]              # the docs' tables from their result JSON
+
+`harness.py` times, `render.py` writes the docs' tables, and each benchmark is a module declaring
+`BENCHMARKS` (see `harness.Benchmark`). The other files here are the scripts not yet ported: they are
+still run as files (`python benchmarks/encoder.py`), which this package does not change.
+"""

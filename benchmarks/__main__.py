@@ -1,0 +1,71 @@
+"""`python -m benchmarks list | run NAME... | render`: the command line of the harness (see __init__)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .harness import ROOT, log, registry, result_path, run, validate, write_result
+from .render import render
+
+
+def parser() -> argparse.ArgumentParser:
+    """The three commands and their options."""
+    top = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    commands = top.add_subparsers(dest="command", required=True)
+    commands.add_parser("list", help="every benchmark, its sides and the figure it backs")
+    timing = commands.add_parser("run", help="time benchmarks and write their results")
+    timing.add_argument("names", nargs="+", metavar="NAME")
+    timing.add_argument("--quick", action="store_true", help="toy size, seconds: checks that it runs, backs no figure")
+    timing.add_argument("--repeats", type=int, default=None, help="timed rounds (default: the benchmark's)")
+    timing.add_argument("--threads", type=int, default=None,
+                        help="torch and tokenizers threads (default: the benchmark's)")
+    timing.add_argument("--output-dir", type=Path, default=None,
+                        help="write NAME.json here (default: the benchmark's file under docs/results/; "
+                             "with --quick, print the JSON on stdout instead)")
+    docs = commands.add_parser("render", help="write the docs' marked tables from their result JSON")
+    docs.add_argument("--check", action="store_true", help="change nothing; fail naming each section that differs")
+    docs.add_argument("--root", type=Path, default=ROOT, help="the repository whose docs and docs/results to use")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status is non-zero when a check fails or a name is unknown."""
+    args = parser().parse_args(argv)
+    benchmarks = registry()
+    if args.command == "list":
+        for benchmark in benchmarks.values():
+            print(f"{benchmark.name}\t{' vs '.join(benchmark.sides)}\t{benchmark.figure}")
+        return 0
+    if args.command == "render":
+        try:
+            stale = render(benchmarks, args.root.resolve(), check=args.check)
+        except (ValueError, OSError) as error:  # a marker without its end, an unknown name, a missing result
+            log(f"render: {error}")
+            return 2
+        for name in stale:
+            print(f"{'differs from its JSON' if args.check else 'rendered'}: {name}")
+        return 1 if args.check and stale else 0
+    unknown = [name for name in args.names if name not in benchmarks]
+    if unknown:
+        log(f"no benchmark named {unknown}; `python -m benchmarks list` names them")
+        return 2
+    for name in args.names:
+        result = run(benchmarks[name], quick=args.quick, repeats=args.repeats, threads=args.threads)
+        validate(result)
+        if args.output_dir is not None:
+            path = args.output_dir / f"{name}.json"
+        elif args.quick:
+            print(json.dumps(result))
+            continue
+        else:
+            path = result_path(benchmarks[name])
+        write_result(result, path)
+        log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
