@@ -9,13 +9,14 @@ from pathlib import Path
 
 from .harness import ROOT, log, registry, result_path, run, validate, write_result
 from .render import render
+from .report import registry as report_registry
 
 
 def parser() -> argparse.ArgumentParser:
     """The three commands and their options."""
     top = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", help="every benchmark, its sides and the figure it backs")
+    commands.add_parser("list", help="every benchmark, its sides and the figure it backs; then every report")
     timing = commands.add_parser("run", help="time benchmarks and write their results")
     timing.add_argument("names", nargs="+", metavar="NAME")
     timing.add_argument("--quick", action="store_true", help="toy size, seconds: checks that it runs, backs no figure")
@@ -34,20 +35,29 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is non-zero when a check fails or a name is unknown."""
     args = parser().parse_args(argv)
-    benchmarks = registry()
+    benchmarks, reports = registry(), report_registry()
+    if set(benchmarks) & set(reports):
+        raise ValueError(f"a benchmark and a report share a name: {sorted(set(benchmarks) & set(reports))}")
     if args.command == "list":
         for benchmark in benchmarks.values():
             print(f"{benchmark.name}\t{' vs '.join(benchmark.sides)}\t{benchmark.figure}")
+        for report in reports.values():
+            print(f"{report.name}\treport (rendered from its result files; nothing to run)\t{report.figure}")
         return 0
     if args.command == "render":
         try:
-            stale = render(benchmarks, args.root.resolve(), check=args.check)
+            stale = render({**benchmarks, **reports}, args.root.resolve(), check=args.check)
         except (ValueError, OSError) as error:  # a marker without its end, an unknown name, a missing result
             log(f"render: {error}")
             return 2
         for name in stale:
             print(f"{'differs from its JSON' if args.check else 'rendered'}: {name}")
         return 1 if args.check and stale else 0
+    static = [name for name in args.names if name in reports]
+    if static:
+        log(f"{static}: a report renders result files already written and has nothing to run "
+            "(`python -m benchmarks render`; docs/results/provenance.json gives the commands that made them)")
+        return 2
     unknown = [name for name in args.names if name not in benchmarks]
     if unknown:
         log(f"no benchmark named {unknown}; `python -m benchmarks list` names them")

@@ -9,8 +9,9 @@ prose, the setup, the reading of the figures) stays hand-written:
 
 `render` rewrites the text between the markers from the benchmark's current result (`Benchmark.result`,
 under docs/results/) through its `table` function; `render --check` changes nothing and names every
-section whose checked-in text differs. The documents searched are the Markdown files at the root and
-under docs/.
+section whose checked-in text differs. NAME may also be a report (`report.Report`): a table from result
+files already written, with nothing to time (RESULTS.md's quality tables), rendered the same way. The
+documents searched are the Markdown files at the root and under docs/.
 """
 
 from __future__ import annotations
@@ -20,7 +21,11 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import report as reports
 from .harness import ROOT, Benchmark, load_result, result_path
+from .report import Report
+
+Renderable = Benchmark | Report
 
 # A marker is a line of its own: the same text quoted inside a line of prose is not one.
 SECTION = re.compile(r"^(<!-- render: (?P<name>[\w-]+) -->\n)(?P<body>.*?)^(<!-- /render -->)$", re.S | re.M)
@@ -50,8 +55,11 @@ def caption(result: Mapping[str, Any], json_link: str) -> str:
     return "Measured on " + " · ".join(parts) + "."
 
 
-def section(benchmark: Benchmark, document: Path, root: Path = ROOT) -> str:
-    """What belongs between a benchmark's markers in `document`: the caption, a blank line, the table."""
+def section(benchmark: Renderable, document: Path, root: Path = ROOT) -> str:
+    """What belongs between a benchmark's markers in `document`: the caption, a blank line, the table (a
+    report's section: `report.section`)."""
+    if isinstance(benchmark, Report):
+        return reports.section(benchmark, document, root)
     result = load_result(benchmark, root)
     if result.get("quick"):
         raise ValueError(f"{result_path(benchmark, root)} is a --quick run: toy sizes do not back a figure")
@@ -59,7 +67,7 @@ def section(benchmark: Benchmark, document: Path, root: Path = ROOT) -> str:
     return f"{caption(result, link)}\n\n{benchmark.table(result).rstrip()}\n"
 
 
-def render_text(text: str, document: Path, benchmarks: Mapping[str, Benchmark], root: Path = ROOT) -> str:
+def render_text(text: str, document: Path, benchmarks: Mapping[str, Renderable], root: Path = ROOT) -> str:
     """`text` with every marked section rewritten; raises on a marker without its end or an unknown name."""
     opened = OPENING.findall(text)
     closed = [match["name"] for match in SECTION.finditer(text)]
@@ -67,7 +75,7 @@ def render_text(text: str, document: Path, benchmarks: Mapping[str, Benchmark], 
         raise ValueError(f"{document}: a `<!-- render: NAME -->` without its `<!-- /render -->`")
     unknown = sorted(set(closed) - set(benchmarks))
     if unknown:
-        raise ValueError(f"{document}: no benchmark named {unknown} (python -m benchmarks list)")
+        raise ValueError(f"{document}: no benchmark or report named {unknown} (python -m benchmarks list)")
 
     def replace(match: re.Match[str]) -> str:
         return match[1] + section(benchmarks[match["name"]], document, root) + match[4]
@@ -75,7 +83,7 @@ def render_text(text: str, document: Path, benchmarks: Mapping[str, Benchmark], 
     return SECTION.sub(replace, text)
 
 
-def render(benchmarks: Mapping[str, Benchmark], root: Path = ROOT, check: bool = False) -> list[str]:
+def render(benchmarks: Mapping[str, Renderable], root: Path = ROOT, check: bool = False) -> list[str]:
     """Rewrite every marked section under `root` (with `check`: only compare). Returns the sections that
     differed, as `DOCUMENT: NAME`, documents relative to `root`."""
     stale: list[str] = []
