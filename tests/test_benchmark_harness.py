@@ -147,3 +147,73 @@ def test_render_refuses_a_marker_it_cannot_fill(tmp_path, body, error):
     (tmp_path / "NOTES.md").write_text("# Notes\n\n" + body, encoding="utf-8")
     done = benchmarks("render", "--check", "--root", str(tmp_path))
     assert done.returncode != 0 and error in done.stderr
+
+
+# --- reports: RESULTS.md's tables, rendered from result files already written (benchmarks/report.py) ---
+
+def results_copy(root: Path) -> Path:
+    """RESULTS.md and the whole of docs/results/ (2.5 MB; its READMEs hold rendered sections too), copied
+    under `root` as the repository lays them out."""
+    shutil.copy(REPO / "RESULTS.md", root / "RESULTS.md")
+    shutil.copytree(REPO / "docs" / "results", root / "docs" / "results")
+    return root
+
+
+def test_list_names_the_reports_and_run_refuses_them():
+    done = benchmarks("list")
+    names = {line.split("\t")[0]: line for line in done.stdout.splitlines()}
+    assert {"glue", "ner", "distill", "pretrain-budget", "sst2-mini-vs-random", "tapt"} <= set(names)
+    assert "report" in names["glue"] and "RESULTS.md" in names["glue"] and "GLUE: MRPC" in names["glue"]
+    refused = benchmarks("run", "glue")
+    assert refused.returncode != 0 and "nothing to run" in refused.stderr
+
+
+def test_every_report_renders_with_its_provenance():
+    """Each declared report finds its files and its provenance entry and writes a table (the ones not yet
+    marked in a document too, so that none can rot before it is)."""
+    from benchmarks.report import load_provenance, registry, section
+
+    for report in registry().values():
+        text = section(report, REPO / "RESULTS.md")
+        caption, table = text.split("\n\n")[:2]
+        provenance = load_provenance(report)
+        assert caption.startswith("Run on ") and all(run["commit"] in caption for run in provenance["runs"])
+        assert table.startswith("| ") and table.count("\n") >= 2, report.name
+        assert ("```bash" in text) == (len(provenance["commands"]) > 1)
+
+
+def test_a_report_without_provenance_is_refused(tmp_path):
+    root = results_copy(tmp_path)
+    path = root / "docs" / "results" / "provenance.json"
+    entries = json.loads(path.read_text(encoding="utf-8"))
+    del entries["ner"]
+    path.write_text(json.dumps(entries), encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode != 0 and "ner" in done.stderr and "provenance.json" in done.stderr
+
+
+def test_render_check_names_a_report_whose_json_changed(tmp_path):
+    """A peer's seed moves: the pooled mean in GLUE's table no longer matches, and only that section is named."""
+    root = results_copy(tmp_path)
+    path = root / "docs" / "results" / "glue_cola" / "transformers_lr5e-5.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["runs"][0]["metrics"]["mcc"] += 0.01
+    path.write_text(json.dumps(data), encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode != 0
+    assert done.stdout.splitlines() == ["differs from its JSON: RESULTS.md: glue"]
+
+
+def test_render_check_names_a_report_whose_figure_was_edited(tmp_path):
+    root = results_copy(tmp_path)
+    document = root / "RESULTS.md"
+    text = document.read_text(encoding="utf-8")
+    start = text.index("<!-- render: tapt -->")
+    body = text[start:text.index("<!-- /render -->", start)]
+    assert "**+1.26**" in body
+    document.write_text(text[:start] + body.replace("**+1.26**", "**+1.36**") + text[start + len(body):],
+                        encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode != 0 and "RESULTS.md: tapt" in done.stdout
+    assert benchmarks("render", "--root", str(root)).returncode == 0
+    assert document.read_text(encoding="utf-8") == text  # render wrote the JSON's figure back
