@@ -9,5 +9,5 @@ Run from the repository root:
 `harness.py` times, `render.py` writes the docs' tables, and each benchmark is a module declaring
 `BENCHMARKS` (see `harness.Benchmark`). A report (`report.py`) is a table rendered from result files already
 written, with nothing to run: `results.py` declares RESULTS.md's. The other files here are the scripts not yet
-ported: they are still run as files (`python benchmarks/encoder.py`), which this package does not change.
+ported: they are still run as files (`python benchmarks/pretrain.py`), which this package does not change.
 """

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .harness import ROOT, log, registry, result_path, run, validate, write_result
+from .harness import ROOT, log, registry, result_path, run, validate, views, write_result
 from .render import render
 from .report import registry as report_registry
 
@@ -36,17 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is non-zero when a check fails or a name is unknown."""
     args = parser().parse_args(argv)
     benchmarks, reports = registry(), report_registry()
-    if set(benchmarks) & set(reports):
-        raise ValueError(f"a benchmark and a report share a name: {sorted(set(benchmarks) & set(reports))}")
+    tables = views(benchmarks)
+    if (set(benchmarks) | set(tables)) & set(reports):
+        raise ValueError(f"a benchmark and a report share a name: "
+                         f"{sorted((set(benchmarks) | set(tables)) & set(reports))}")
     if args.command == "list":
         for benchmark in benchmarks.values():
             print(f"{benchmark.name}\t{' vs '.join(benchmark.sides)}\t{benchmark.figure}")
+        for name, (benchmark, view) in tables.items():
+            print(f"{name}\tview of {benchmark.name} (its result rendered again; nothing to run)\t{view.figure}")
         for report in reports.values():
             print(f"{report.name}\treport (rendered from its result files; nothing to run)\t{report.figure}")
         return 0
     if args.command == "render":
         try:
-            stale = render({**benchmarks, **reports}, args.root.resolve(), check=args.check)
+            stale = render({**benchmarks, **tables, **reports}, args.root.resolve(), check=args.check)
         except (ValueError, OSError) as error:  # a marker without its end, an unknown name, a missing result
             log(f"render: {error}")
             return 2
@@ -57,6 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     if static:
         log(f"{static}: a report renders result files already written and has nothing to run "
             "(`python -m benchmarks render`; docs/results/provenance.json gives the commands that made them)")
+        return 2
+    shown = {name: tables[name][0].name for name in args.names if name in tables}
+    if shown:
+        log("a view renders its benchmark's result and has nothing of its own to run: "
+            + ", ".join(f"{name}: run {parent}" for name, parent in shown.items()))
         return 2
     unknown = [name for name in args.names if name not in benchmarks]
     if unknown:

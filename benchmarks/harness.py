@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("docs") / "results"
 SCHEMA = "bertforge-benchmark/1"
-MODULES = ("tokenizer",)  # the modules ported onto this harness; each holds BENCHMARKS
+MODULES = ("tokenizer", "inference", "encoder")  # the modules ported onto this harness; each holds BENCHMARKS
 
 Params = dict[str, Any]
 
@@ -48,6 +48,20 @@ class Prepared:
 
     sides: Mapping[str, Callable[[], Any]]
     facts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class View:
+    """A second table of a benchmark's result, rendered under its own marker (a longer table in docs/results/
+    beside the docs' summary, say): `run` has nothing more to do for it, `render` reads the same result.
+
+    name: its `<!-- render: NAME -->` marker; figure: the table it writes, as `list` prints it;
+    table: `table(result)`, as `Benchmark.table`.
+    """
+
+    name: str
+    figure: str
+    table: Callable[[dict[str, Any]], str]
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,12 @@ class Benchmark:
     result: its current result file, relative to docs/results/ (what `render` reads and a full run writes).
     legacy: `legacy(old)` turns a result file written before the harness into the schema, so that its
         figures render unchanged until the benchmark is run again through the harness; None for none.
+    legacy_files: where the figures came from several runs before the harness (one file each, under
+        docs/results/), those files: until a run through the harness writes `result`, `render` reads them
+        and `legacy` receives {file: its JSON} in this order instead of one file's JSON (once a full run has
+        written `result`, they are superseded: delete them, git keeps them). Empty: `result` is itself the
+        file `legacy` adapts.
+    views: further tables of the same result (`View`), each under its own marker.
     packages: libraries whose versions the result records besides python, torch, transformers, bertforge.
     repeats, quick_repeats, warmup, threads: the defaults of the timing protocol.
     """
@@ -78,6 +98,8 @@ class Benchmark:
     table: Callable[[dict[str, Any]], str]
     result: str
     legacy: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    legacy_files: tuple[str, ...] = ()
+    views: tuple[View, ...] = ()
     packages: tuple[str, ...] = ()
     repeats: int = 5
     quick_repeats: int = 2
@@ -87,6 +109,8 @@ class Benchmark:
     def __post_init__(self) -> None:
         if not self.sides or self.warmup < 1:
             raise ValueError(f"{self.name}: a benchmark needs a side and a warm-up (its outputs go to `check`)")
+        if self.legacy_files and self.legacy is None:
+            raise ValueError(f"{self.name}: legacy_files need a legacy adaptor")
 
 
 def registry() -> dict[str, Benchmark]:
@@ -98,6 +122,17 @@ def registry() -> dict[str, Benchmark]:
             if benchmark.name in found:
                 raise ValueError(f"two benchmarks named {benchmark.name!r}")
             found[benchmark.name] = benchmark
+    return found
+
+
+def views(benchmarks: Mapping[str, Benchmark]) -> dict[str, tuple[Benchmark, View]]:
+    """Every benchmark's views by name, each with the benchmark whose result it renders."""
+    found: dict[str, tuple[Benchmark, View]] = {}
+    for benchmark in benchmarks.values():
+        for view in benchmark.views:
+            if view.name in found or view.name in benchmarks:
+                raise ValueError(f"two benchmarks or views named {view.name!r}")
+            found[view.name] = (benchmark, view)
     return found
 
 
@@ -264,14 +299,29 @@ def result_path(benchmark: Benchmark, root: Path = ROOT) -> Path:
     return root / RESULTS / benchmark.result
 
 
-def load_result(benchmark: Benchmark, root: Path = ROOT) -> dict[str, Any]:
-    """The benchmark's current result in the schema, a pre-harness file passed through its `legacy` adaptor."""
+def source_paths(benchmark: Benchmark, root: Path = ROOT) -> list[Path]:
+    """The files the benchmark's current figures are read from: its result file, or while no run through the
+    harness has written it, the pre-harness files it names in `legacy_files`."""
     path = result_path(benchmark, root)
-    data = json.loads(path.read_text(encoding="utf-8"))
-    if data.get("schema") != SCHEMA:
-        if benchmark.legacy is None:
-            raise ValueError(f"{path} is not a {SCHEMA} result and {benchmark.name} has no legacy adaptor")
-        data = benchmark.legacy(data)
+    if benchmark.legacy_files and not path.exists():
+        return [root / RESULTS / name for name in benchmark.legacy_files]
+    return [path]
+
+
+def load_result(benchmark: Benchmark, root: Path = ROOT) -> dict[str, Any]:
+    """The benchmark's current result in the schema, pre-harness files passed through its `legacy` adaptor."""
+    path = result_path(benchmark, root)
+    paths = source_paths(benchmark, root)
+    if paths != [path]:  # several pre-harness files, adapted together
+        assert benchmark.legacy is not None  # __post_init__: legacy_files come with their adaptor
+        data = benchmark.legacy({name: json.loads(file.read_text(encoding="utf-8"))
+                                 for name, file in zip(benchmark.legacy_files, paths)})
+    else:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("schema") != SCHEMA:
+            if benchmark.legacy is None:
+                raise ValueError(f"{path} is not a {SCHEMA} result and {benchmark.name} has no legacy adaptor")
+            data = benchmark.legacy(data)
     validate(data)
     return data
 

@@ -50,7 +50,7 @@ def peer_classifier(model_dir: str, setting: str, threads: int):
     peer = transformers.BertForSequenceClassification.from_pretrained(model_dir, attn_implementation="sdpa").eval()
     encoder = None
     if setting.startswith("onnx"):
-        from inference import onnx_encoder
+        from benchmarks.inference import onnx_encoder  # the package: REPO is on sys.path
 
         encoder = onnx_encoder(peer.bert, threads, peer=True, int8=setting == "onnx_int8")
 

@@ -9,9 +9,10 @@ prose, the setup, the reading of the figures) stays hand-written:
 
 `render` rewrites the text between the markers from the benchmark's current result (`Benchmark.result`,
 under docs/results/) through its `table` function; `render --check` changes nothing and names every
-section whose checked-in text differs. NAME may also be a report (`report.Report`): a table from result
-files already written, with nothing to time (RESULTS.md's quality tables), rendered the same way. The
-documents searched are the Markdown files at the root and under docs/.
+section whose checked-in text differs. NAME may also be a benchmark's view (`harness.View`: a second table
+of its result) or a report (`report.Report`): a table from result files already written, with nothing to
+time (RESULTS.md's quality tables), rendered the same way. The documents searched are the Markdown files at
+the root and under docs/.
 """
 
 from __future__ import annotations
@@ -19,13 +20,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import report as reports
-from .harness import ROOT, Benchmark, load_result, result_path
+from .harness import ROOT, Benchmark, View, load_result, result_path, source_paths
 from .report import Report
 
-Renderable = Benchmark | Report
+Renderable = Benchmark | Report | tuple[Benchmark, View]  # the tuple: a view and the benchmark it renders
 
 # A marker is a line of its own: the same text quoted inside a line of prose is not one.
 SECTION = re.compile(r"^(<!-- render: (?P<name>[\w-]+) -->\n)(?P<body>.*?)^(<!-- /render -->)$", re.S | re.M)
@@ -37,7 +38,7 @@ def documents(root: Path = ROOT) -> list[Path]:
     return sorted(root.glob("*.md")) + sorted((root / "docs").rglob("*.md"))
 
 
-def caption(result: Mapping[str, Any], json_link: str) -> str:
+def caption(result: Mapping[str, Any], json_links: Sequence[str]) -> str:
     """The one line that states where and when a table's figures were measured and how to measure them again."""
     where = result["machine"]
     parts = [f"{where['cpu']}, {where['cores']} cores"]
@@ -51,20 +52,21 @@ def caption(result: Mapping[str, Any], json_link: str) -> str:
     parts.append(f"`{result['command']}`")
     if result.get("note"):
         parts.append(result["note"])
-    parts.append(f"JSON: [`{Path(json_link).name}`]({json_link})")
+    parts.append("JSON: " + ", ".join(f"[`{Path(link).name}`]({link})" for link in json_links))
     return "Measured on " + " · ".join(parts) + "."
 
 
 def section(benchmark: Renderable, document: Path, root: Path = ROOT) -> str:
-    """What belongs between a benchmark's markers in `document`: the caption, a blank line, the table (a
-    report's section: `report.section`)."""
+    """What belongs between a benchmark's (or a view's) markers in `document`: the caption, a blank line,
+    the table (a report's section: `report.section`)."""
     if isinstance(benchmark, Report):
         return reports.section(benchmark, document, root)
-    result = load_result(benchmark, root)
+    owner, table = (benchmark[0], benchmark[1].table) if isinstance(benchmark, tuple) else (benchmark, benchmark.table)
+    result = load_result(owner, root)
     if result.get("quick"):
-        raise ValueError(f"{result_path(benchmark, root)} is a --quick run: toy sizes do not back a figure")
-    link = os.path.relpath(result_path(benchmark, root), document.parent)
-    return f"{caption(result, link)}\n\n{benchmark.table(result).rstrip()}\n"
+        raise ValueError(f"{result_path(owner, root)} is a --quick run: toy sizes do not back a figure")
+    links = [os.path.relpath(path, document.parent) for path in source_paths(owner, root)]
+    return f"{caption(result, links)}\n\n{table(result).rstrip()}\n"
 
 
 def render_text(text: str, document: Path, benchmarks: Mapping[str, Renderable], root: Path = ROOT) -> str:

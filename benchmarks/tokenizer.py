@@ -26,6 +26,7 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
+from . import legacy  # noqa: E402
 from .harness import ROOT, Benchmark, Params, Prepared  # noqa: E402
 
 BOOKS = ROOT / ".." / "shared" / "data" / "pretraining" / "books"
@@ -129,14 +130,7 @@ def throughput_table(result: dict[str, Any]) -> str:
 def legacy_header(old: dict[str, Any], name: str, rerun: str) -> dict[str, Any]:
     """The schema's provenance for a file written before the harness: the run recorded no machine, commit
     or date, so its `provenance` block (taken from BENCHMARKS.md when the file was adapted) supplies them."""
-    provenance = old["provenance"]
-    return {
-        "schema": "bertforge-benchmark/1", "benchmark": name, "quick": False,
-        "machine": provenance["machine"], "versions": old["versions"],
-        "commit": {"hash": provenance["commit"], "dirty": None}, "date": provenance["date"],
-        "command": rerun, "note": f"run before the harness as `{provenance['command']}`",
-        "load_average_1min": old["load_average_1min"], "unit": "seconds",
-    }
+    return legacy.header(name, rerun, [old["provenance"]], old["versions"], old["load_average_1min"])
 
 
 def throughput_legacy(old: dict[str, Any]) -> dict[str, Any]:

@@ -27,9 +27,11 @@ def benchmarks(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def docs_copy(root: Path) -> Path:
-    """BENCHMARKS.md and the tokenizer's results, copied under `root` as the repository lays them out."""
+    """BENCHMARKS.md and the results of its rendered sections (tokenizer, inference, encoder: with the READMEs
+    beside them), copied under `root` as the repository lays them out."""
     shutil.copy(REPO / "BENCHMARKS.md", root / "BENCHMARKS.md")
-    shutil.copytree(REPO / "docs" / "results" / "tokenizer", root / "docs" / "results" / "tokenizer")
+    for folder in ("tokenizer", "inference", "encoder"):
+        shutil.copytree(REPO / "docs" / "results" / folder, root / "docs" / "results" / folder)
     return root
 
 
