@@ -8,7 +8,7 @@ style (offsets kept for postprocessing):
 * bertforge: `bertforge.tasks.answer.convert_examples_to_features` (each passage tokenized once for
   all of its questions);
 * the peer: `prepare_train_features` / `prepare_validation_features` of Hugging Face's
-  `examples/pytorch/question-answering/run_qa.py`, as `benchmarks/squad_peer.py` reproduces them,
+  `examples/pytorch/question-answering/run_qa.py`, as `benchmarks/peer.py` reproduces them,
   on transformers' fast BertTokenizer.
 
 The median of `--repeats` runs of each, interleaved, in wall time and in this process's CPU time (which
@@ -50,22 +50,22 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     quiet_libraries()
-    import squad_peer
+    from benchmarks import peer as run_qa  # run_qa.py's preprocessing, as the peer runs it
     from transformers import AutoTokenizer
 
     settings = SquadSettings()
     ours_tokenizer = BertTokenizer.from_pretrained(args.model)
     peer_tokenizer = AutoTokenizer.from_pretrained(args.model)
     data = read_squad_file(args.input)
-    rows, _ = squad_peer.read_examples(str(args.input), None)
+    rows, _ = run_qa.read_examples(str(args.input), None)
 
     def ours(training: bool) -> int:
         examples = read_squad_file(args.input).examples  # reading is part of the job
         return len(convert_examples_to_features(examples, ours_tokenizer, settings, is_training=training).features)
 
     def peer(training: bool) -> int:
-        examples, _ = squad_peer.read_examples(str(args.input), None)
-        prepare = squad_peer.prepare_train_features if training else squad_peer.prepare_validation_features
+        examples, _ = run_qa.read_examples(str(args.input), None)
+        prepare = run_qa.prepare_train_features if training else run_qa.prepare_validation_features
         return len(prepare(examples, peer_tokenizer, settings.max_seq_length, settings.doc_stride))
 
     times: dict[str, list[float]] = {}

@@ -5,7 +5,7 @@ files), at run_squad's defaults (384 tokens, doc stride 128, questions cut at 64
 
 1. Training targets. bertforge's windows and start/end targets (`bertforge.tasks.answer.
    convert_examples_to_features`) and the peer's (`prepare_train_features` of Hugging Face's
-   run_qa.py as `benchmarks/squad_peer.py` reproduces it, transformers' fast tokenizer of the same
+   run_qa.py as `benchmarks/peer.py` reproduces it, transformers' fast tokenizer of the same
    vocabulary). Each window's target is mapped back to the characters of the passage and compared
    with the first gold answer after the official normalisation (`normalize_answer`): per side, the
    windows whose target text differs from the gold answer, and the questions whose target character
@@ -39,10 +39,10 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 from _common import log, quiet_libraries  # noqa: E402
-from squad_peer import postprocess_qa_predictions, prepare_train_features, prepare_validation_features  # noqa: E402
+
+from benchmarks.peer import postprocess_qa_predictions, prepare_train_features, prepare_validation_features  # noqa: E402
 
 from bertforge.metrics.squad import normalize_answer  # noqa: E402
 from bertforge.tasks.answer import predict_logits  # noqa: E402
