@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from .headlines import Typed, headlines
+from .headlines import registry as headline_registry
 from .harness import ROOT, log, registry, result_path, run, validate, views, write_result
 from .render import render
 from .report import registry as report_registry
@@ -16,7 +18,8 @@ def parser() -> argparse.ArgumentParser:
     """The three commands and their options."""
     top = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     commands = top.add_subparsers(dest="command", required=True)
-    commands.add_parser("list", help="every benchmark, its sides and the figure it backs; then every report")
+    commands.add_parser("list", help="every benchmark, its sides and the figure it backs; then every view, "
+                                           "report and headline table")
     timing = commands.add_parser("run", help="time benchmarks and write their results")
     timing.add_argument("names", nargs="+", metavar="NAME")
     timing.add_argument("--quick", action="store_true", help="toy size, seconds: checks that it runs, backs no figure")
@@ -35,11 +38,12 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status is non-zero when a check fails or a name is unknown."""
     args = parser().parse_args(argv)
-    benchmarks, reports = registry(), report_registry()
+    benchmarks, reports, headline_tables = registry(), report_registry(), headline_registry()
     tables = views(benchmarks)
-    if (set(benchmarks) | set(tables)) & set(reports):
-        raise ValueError(f"a benchmark and a report share a name: "
-                         f"{sorted((set(benchmarks) | set(tables)) & set(reports))}")
+    names = [*benchmarks, *tables, *reports, *headline_tables]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a benchmark, view, report or headline table shares a name: "
+                         f"{sorted({name for name in names if names.count(name) > 1})}")
     if args.command == "list":
         for benchmark in benchmarks.values():
             print(f"{benchmark.name}\t{' vs '.join(benchmark.sides)}\t{benchmark.figure}")
@@ -47,19 +51,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}\tview of {benchmark.name} (its result rendered again; nothing to run)\t{view.figure}")
         for report in reports.values():
             print(f"{report.name}\treport (rendered from its result files; nothing to run)\t{report.figure}")
+        rows = headlines()
+        for table in headline_tables.values():
+            typed = [key for key in table.keys if isinstance(rows[key].answer, Typed)]
+            print(f"{table.name}\theadline table: {len(table.keys) - len(typed)} rows read from their sections' "
+                  f"result files, {len(typed)} typed ({', '.join(typed) or 'none'})\t{table.figure}")
         return 0
     if args.command == "render":
         try:
-            stale = render({**benchmarks, **tables, **reports}, args.root.resolve(), check=args.check)
+            stale = render({**benchmarks, **tables, **reports, **headline_tables}, args.root.resolve(),
+                           check=args.check)
         except (ValueError, OSError) as error:  # a marker without its end, an unknown name, a missing result
             log(f"render: {error}")
             return 2
         for name in stale:
             print(f"{'differs from its JSON' if args.check else 'rendered'}: {name}")
         return 1 if args.check and stale else 0
-    static = [name for name in args.names if name in reports]
+    static = [name for name in args.names if name in reports or name in headline_tables]
     if static:
-        log(f"{static}: a report renders result files already written and has nothing to run "
+        log(f"{static}: a report or headline table renders result files already written and has nothing to run "
             "(`python -m benchmarks render`; docs/results/provenance.json gives the commands that made them)")
         return 2
     shown = {name: tables[name][0].name for name in args.names if name in tables}

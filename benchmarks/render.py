@@ -11,8 +11,9 @@ prose, the setup, the reading of the figures) stays hand-written:
 under docs/results/) through its `table` function; `render --check` changes nothing and names every
 section whose checked-in text differs. NAME may also be a benchmark's view (`harness.View`: a second table
 of its result) or a report (`report.Report`): a table from result files already written, with nothing to
-time (RESULTS.md's quality tables), rendered the same way. The documents searched are the Markdown files at
-the root and under docs/.
+time (RESULTS.md's quality tables), rendered the same way, or a headline table (`headlines.HeadlineTable`:
+RESULTS.md's, BENCHMARKS.md's and README.md's rows of headline figures, each read from its section's files).
+The documents searched are the Markdown files at the root and under docs/.
 """
 
 from __future__ import annotations
@@ -22,11 +23,14 @@ import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from . import headlines
 from . import report as reports
 from .harness import ROOT, Benchmark, View, load_result, result_path, source_paths
+from .headlines import HeadlineTable
 from .report import Report
 
-Renderable = Benchmark | Report | tuple[Benchmark, View]  # the tuple: a view and the benchmark it renders
+# the tuple: a view and the benchmark it renders
+Renderable = Benchmark | Report | HeadlineTable | tuple[Benchmark, View]
 
 # A marker is a line of its own: the same text quoted inside a line of prose is not one.
 SECTION = re.compile(r"^(<!-- render: (?P<name>[\w-]+) -->\n)(?P<body>.*?)^(<!-- /render -->)$", re.S | re.M)
@@ -58,9 +62,11 @@ def caption(result: Mapping[str, Any], json_links: Sequence[str]) -> str:
 
 def section(benchmark: Renderable, document: Path, root: Path = ROOT) -> str:
     """What belongs between a benchmark's (or a view's) markers in `document`: the caption, a blank line,
-    the table (a report's section: `report.section`)."""
+    the table (a report's section: `report.section`; a headline table's: `headlines.section`)."""
     if isinstance(benchmark, Report):
         return reports.section(benchmark, document, root)
+    if isinstance(benchmark, HeadlineTable):
+        return headlines.section(benchmark, document, root)
     owner, table = (benchmark[0], benchmark[1].table) if isinstance(benchmark, tuple) else (benchmark, benchmark.table)
     result = load_result(owner, root)
     if result.get("quick"):

@@ -10,6 +10,7 @@ an emphasis rather than a rule (distillation's headline figures).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Iterable, Sequence
 
@@ -109,11 +110,30 @@ def summarize(runs: list[dict]) -> dict[str, dict[str, float]]:
     return {name: describe([run["metrics"][name] for run in runs]) for name in names}
 
 
-def glue_table(sources: Sources) -> str:
-    """Per task, each side at its best learning rate (by mean main dev metric, as `--lr-grid` picks it):
-    mean ± std per metric, the goal's bar (the peer's mean − ½ its std) and whether bertforge's mean reaches
-    it; the higher mean bold."""
-    body = []
+@dataclass(frozen=True)
+class GlueTask:
+    """One GLUE task's comparison: each side at its best learning rate (by mean main dev metric, as
+    `--lr-grid` picks it), every metric described over that rate's runs."""
+
+    task: str
+    main: str  # the main metric's key
+    lrs: str  # the learning-rate cell: one rate, or bertforge's / the peer's
+    seeds: str  # seeds a side: one count, or the two sides' counts
+    ours: dict[str, dict[str, float]]
+    peer: dict[str, dict[str, float]]
+
+    def bar(self, metric: str) -> float:
+        """The goal's bar on `metric`: the peer's mean − ½ its std."""
+        return self.peer[metric]["mean"] - self.peer[metric]["std"] / 2
+
+    def met(self, metric: str) -> bool:
+        """Whether bertforge's mean reaches the bar."""
+        return self.ours[metric]["mean"] >= self.bar(metric)
+
+
+def glue_tasks(sources: Sources) -> list[GlueTask]:
+    """Every task of `GLUE_TASKS`, in its order, as its table row and its headline figure read it."""
+    found = []
     for task, folder, summaries, kept, note in GLUE_TASKS:
         ours_by_lr = glue_ours(sources, folder, summaries, kept)
         peer_by_lr = glue_peer(sources, folder)
@@ -121,19 +141,28 @@ def glue_table(sources: Sources) -> str:
         main = first.get("main_metric") or next(iter(first["metrics"]))
         ours_lr = max(ours_by_lr, key=lambda lr: summarize(ours_by_lr[lr])[main]["mean"])
         peer_lr = max(peer_by_lr, key=lambda lr: summarize(peer_by_lr[lr])[main]["mean"])
-        ours, peer = summarize(ours_by_lr[ours_lr]), summarize(peer_by_lr[peer_lr])
         seeds = {len(ours_by_lr[ours_lr]), len(peer_by_lr[peer_lr])}
         lrs = rate(ours_lr) if note and ours_lr == peer_lr else f"{rate(ours_lr)} / {rate(peer_lr)}"
         lrs += f" ({note})" if note else ""
-        for metric in [main] + sorted(set(ours) - {main}):
+        found.append(GlueTask(task, main, lrs, " / ".join(map(str, sorted(seeds))),
+                              summarize(ours_by_lr[ours_lr]), summarize(peer_by_lr[peer_lr])))
+    return found
+
+
+def glue_table(sources: Sources) -> str:
+    """Per task, each side at its best learning rate (`glue_tasks`): mean ± std per metric, the goal's bar
+    (the peer's mean − ½ its std) and whether bertforge's mean reaches it; the higher mean bold."""
+    body = []
+    for found in glue_tasks(sources):
+        ours, peer = found.ours, found.peer
+        for metric in [found.main] + sorted(set(ours) - {found.main}):
             if metric not in peer:
                 continue
             mine, theirs = ours[metric], peer[metric]
-            bar = theirs["mean"] - theirs["std"] / 2
             higher = mine["mean"] >= theirs["mean"]
-            body.append([task, METRIC_NAMES.get(metric, metric), " / ".join(map(str, sorted(seeds))), lrs,
-                         bold(mean_std(mine), higher), bold(mean_std(theirs), not higher), points(bar),
-                         "yes" if mine["mean"] >= bar else "no"])
+            body.append([found.task, METRIC_NAMES.get(metric, metric), found.seeds, found.lrs,
+                         bold(mean_std(mine), higher), bold(mean_std(theirs), not higher), points(found.bar(metric)),
+                         "yes" if found.met(metric) else "no"])
     return rows(["task", "metric", "seeds a side", "lr (bertforge / peer)", "bertforge", "transformers",
                  "peer mean − ½ std", "goal met"], body)
 
@@ -153,13 +182,18 @@ def seed_range(seeds: Sequence[int]) -> str:
 
 # --- CoNLL-2003 NER -----------------------------------------------------------------------------------
 
+def ner_peer_runs(sources: Sources) -> list[dict]:
+    """The peer's runs (`ner_peer.py`, a file per seed), by seed."""
+    return sorted((run for name, data in sources.items() if name.startswith("ner/transformers_seed")
+                   for run in data["runs"]), key=lambda run: run["seed"])
+
+
 def ner_table(sources: Sources) -> str:
     """Each side's dev entity F1 over its seeds and the range of its runs' wall time. Bold: the higher of
     the two sides at the sentence level, and document context where it is above both."""
     ours = sources["ner/bertforge_summary.json"]
     context = sources["ner/bertforge_document_context_summary.json"]
-    peer_runs = sorted((run for name, data in sources.items() if name.startswith("ner/transformers_seed")
-                        for run in data["runs"]), key=lambda run: run["seed"])
+    peer_runs = ner_peer_runs(sources)
     peer = describe([run["f1"] for run in peer_runs])
 
     def wall(seconds: list[float]) -> str:
@@ -223,16 +257,23 @@ DISTILL_BOLD = {  # the headline figures the table marks: (task, layers, row's k
 }
 
 
+DISTILL_FILES = {"": "distill/distill.json", "intermediate": "distill/intermediate.json",
+                 "4 epochs": "distill/conll_4_epochs.json"}  # a group's file, by the key DISTILL_ROWS give it
+
+
+def distill_group(sources: Sources, file: str, task: str, layers: int, objective: str, augment: int) -> dict:
+    """One group of students (`distill.py`'s summary: seeds, score, % of the teacher, agreement) from the file
+    `DISTILL_FILES[file]`."""
+    [found] = [g for g in sources[DISTILL_FILES[file]]["study"][task]["summary"]
+               if (g["layers"], g["objective"], g["augment"]) == (layers, objective, augment)]
+    return found
+
+
 def distill_table(sources: Sources) -> str:
     """`benchmarks/distill.py`'s groups: the teacher, then per student size each objective (and CoNLL's
     4-epoch runs after the 3-layer ones), mean ± std over seeds, % of the teacher, agreement with it."""
-    files = {"": sources["distill/distill.json"], "intermediate": sources["distill/intermediate.json"],
-             "4 epochs": sources["distill/conll_4_epochs.json"]}
-
     def group(file: str, task: str, layers: int, objective: str, augment: int) -> dict:
-        [found] = [g for g in files[file]["study"][task]["summary"]
-                   if (g["layers"], g["objective"], g["augment"]) == (layers, objective, augment)]
-        return found
+        return distill_group(sources, file, task, layers, objective, augment)
 
     def row(title: str, label: str, task: str, layers: int, key: str, found: dict) -> list[str]:
         bold_score, bold_pct = DISTILL_BOLD.get((task, layers, key), (False, False))
@@ -241,7 +282,7 @@ def distill_table(sources: Sources) -> str:
 
     body = []
     for task, title in DISTILL_TASKS:
-        teacher = files[""]["study"][task]["teacher"]
+        teacher = sources[DISTILL_FILES[""]]["study"][task]["teacher"]
         body.append([title, "teacher, 6 layers", "1", f"{100 * teacher['score']:.2f}", "100", ""])
         for layers in (3, 2):
             for label, file, objective, augment in DISTILL_ROWS:

@@ -195,7 +195,8 @@ def test_a_report_without_provenance_is_refused(tmp_path):
 
 
 def test_render_check_names_a_report_whose_json_changed(tmp_path):
-    """A peer's seed moves: the pooled mean in GLUE's table no longer matches, and only that section is named."""
+    """A peer's seed moves: the pooled mean in GLUE's table no longer matches, and only that section and the
+    headline row that reads the same files are named."""
     root = results_copy(tmp_path)
     path = root / "docs" / "results" / "glue_cola" / "transformers_lr5e-5.json"
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -203,7 +204,8 @@ def test_render_check_names_a_report_whose_json_changed(tmp_path):
     path.write_text(json.dumps(data), encoding="utf-8")
     done = benchmarks("render", "--check", "--root", str(root))
     assert done.returncode != 0
-    assert done.stdout.splitlines() == ["differs from its JSON: RESULTS.md: glue"]
+    assert done.stdout.splitlines() == ["differs from its JSON: RESULTS.md: headlines-results",
+                                        "differs from its JSON: RESULTS.md: glue"]
 
 
 def test_render_check_names_a_report_whose_figure_was_edited(tmp_path):
@@ -219,3 +221,124 @@ def test_render_check_names_a_report_whose_figure_was_edited(tmp_path):
     assert done.returncode != 0 and "RESULTS.md: tapt" in done.stdout
     assert benchmarks("render", "--root", str(root)).returncode == 0
     assert document.read_text(encoding="utf-8") == text  # render wrote the JSON's figure back
+
+
+# --- headline tables: RESULTS.md's, BENCHMARKS.md's and README.md's, rendered from their sections' files ---
+
+def headlines_copy(root: Path) -> Path:
+    """The three documents with headline tables and the whole of docs/results/, copied under `root`."""
+    for name in ("README.md", "BENCHMARKS.md"):
+        shutil.copy(REPO / name, root / name)
+    return results_copy(root)
+
+
+def test_list_names_the_headline_tables():
+    done = benchmarks("list")
+    names = {line.split("\t")[0]: line for line in done.stdout.splitlines()}
+    assert {"headlines-results", "headlines-benchmarks", "headlines-readme-quality",
+            "headlines-readme-speed"} <= set(names)
+    assert "typed (ner-features, multiple-choice, ablations)" in names["headlines-results"]
+    assert "0 typed" in names["headlines-readme-quality"]
+
+
+def test_a_headline_follows_its_sections_json(tmp_path):
+    """SQuAD v1.1's F1 moves in its JSON: the section's table, RESULTS.md's headline row and README.md's copy
+    of it are all named, and a render writes the new figure into both headline tables."""
+    root = headlines_copy(tmp_path)
+    path = root / "docs" / "results" / "squad" / "v1.1.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["sides"]["bertforge"]["scores"]["f1"]["mean"] = 61.234
+    path.write_text(json.dumps(data), encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode != 0
+    assert sorted(done.stdout.splitlines()) == ["differs from its JSON: README.md: headlines-readme-quality",
+                                                "differs from its JSON: RESULTS.md: headlines-results",
+                                                "differs from its JSON: RESULTS.md: squad"]
+    assert benchmarks("render", "--root", str(root)).returncode == 0
+    for name, link in (("RESULTS.md", "(#squad-v11-and-v20)"), ("README.md", "(RESULTS.md#squad-v11-and-v20)")):
+        row = next(line for line in (root / name).read_text(encoding="utf-8").splitlines()
+                   if line.startswith("| [SQuAD v1.1 F1"))
+        assert link in row and "| 61.23 ± 0.42 | 52.73 ± 1.50 | goal met |" in row
+
+
+def test_a_benchmarks_headline_follows_its_result(tmp_path):
+    """The tokenizer's result moves: BENCHMARKS.md's section and headline row are named; README.md's speed
+    table, which does not show that row, is not."""
+    root = headlines_copy(tmp_path)
+    path = root / "docs" / "results" / "tokenizer" / "throughput.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["ours_tokens_per_s"] += 1000
+    path.write_text(json.dumps(data), encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert sorted(done.stdout.splitlines()) == ["differs from its JSON: BENCHMARKS.md: headlines-benchmarks",
+                                                "differs from its JSON: BENCHMARKS.md: tokenizer"]
+
+
+def goemotions_block(macro: list[float], goal_met: bool | None = None) -> dict:
+    """An acceptance block side as acceptance.json writes it: its runs' dev macro-F1."""
+    block = {"runs": [{"seed": seed, "macro_f1": value} for seed, value in enumerate(macro)]}
+    return block if goal_met is None else {**block, "goal_met": goal_met}
+
+
+def test_the_goemotions_headline_reads_both_settings_blocks():
+    """The defaults' verdict from their `goal_met`; the fast settings shown once both sides ran them, their
+    verdict from their own `goal_met` (or the goal, where the file does not state it yet)."""
+    from benchmarks.headlines import goemotions_answer
+
+    defaults = {"ours": goemotions_block([0.26, 0.27, 0.28]), "reference": goemotions_block([0.28, 0.29]),
+                "goal_met": False}
+    fast = {"ours": goemotions_block([]), "reference": goemotions_block([])}
+    sources = {"goemotions/acceptance.json": {"defaults": defaults, "fast": fast}}
+    ours, peer, verdict = goemotions_answer(sources)
+    assert ours == "27.00 ± 1.00 (3 seeds)" and peer == "reference loop: 28.50 ± 0.71 (2 seeds)"
+    assert verdict == "not met: 1.5 points behind; the fast settings not run"
+
+    sources["goemotions/acceptance.json"]["fast"]["ours"] = goemotions_block([0.27])
+    assert goemotions_answer(sources)[2].endswith("; the fast settings' reference loop not run")
+
+    sources["goemotions/acceptance.json"]["fast"] = {"ours": goemotions_block([0.29, 0.30]),
+                                                     "reference": goemotions_block([0.28, 0.29]), "goal_met": True}
+    ours, peer, verdict = goemotions_answer(sources)
+    assert ours.endswith("; fast: 29.50 ± 0.71 (2 seeds)") and peer.endswith("; fast: 28.50 ± 0.71 (2 seeds)")
+    assert verdict == "not met: 1.5 points behind; fast: goal met"
+    del sources["goemotions/acceptance.json"]["fast"]["goal_met"]  # not stated yet: the goal computed
+    assert goemotions_answer(sources)[2].endswith("; fast: goal met")
+
+
+def slug(title: str) -> str:
+    """GitHub's anchor for a heading (as tests/test_docs.py computes it)."""
+    import re
+
+    title = re.sub(r"[`*_]|<[^>]+>", "", title.lower())
+    return re.sub(r"[^\w\- ]", "", title).replace(" ", "-")
+
+
+def test_a_typed_headline_row_names_no_rendered_section():
+    """A row stays typed only while its section is not rendered: once the section's table is written from its
+    JSON, the row must read the same files (unless the row says why its figures are not that table's)."""
+    from benchmarks.headlines import HEADLINES, NOT_RENDERED, Typed
+
+    rendered = []
+    for row in HEADLINES:
+        if not isinstance(row.answer, Typed) or row.answer.reason != NOT_RENDERED:
+            continue
+        path, anchor = row.question.split("](", 1)[1].split(")", 1)[0].split("#")
+        lines = (REPO / path).read_text(encoding="utf-8").splitlines()
+        start = next(i for i, line in enumerate(lines)
+                     if line.startswith("#") and slug(line.lstrip("#").strip()) == anchor)
+        level = len(lines[start]) - len(lines[start].lstrip("#"))
+        end = next((i for i in range(start + 1, len(lines))
+                    if lines[i].startswith("#") and len(lines[i]) - len(lines[i].lstrip("#")) <= level), len(lines))
+        if any(line.startswith("<!-- render: ") for line in lines[start:end]):
+            rendered.append(row.key)
+    assert rendered == []
+
+
+def test_headline_links_are_written_relative_to_their_document():
+    from benchmarks.headlines import relink
+
+    text = "[a](RESULTS.md#x), [b](BENCHMARKS.md#y), [c](docs/results/gpu/README.md#z), [d](https://e.org/#f)"
+    assert relink(text, REPO / "RESULTS.md") == (
+        "[a](#x), [b](BENCHMARKS.md#y), [c](docs/results/gpu/README.md#z), [d](https://e.org/#f)")
+    assert relink(text, REPO / "docs" / "guide" / "x.md").startswith(
+        "[a](../../RESULTS.md#x), [b](../../BENCHMARKS.md#y)")

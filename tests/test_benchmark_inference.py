@@ -135,8 +135,9 @@ def test_render_check_covers_the_new_sections():
 
 
 def test_render_check_names_the_sections_whose_json_changed(tmp_path):
-    """A rate in one pre-harness file moves: the summary in BENCHMARKS.md and the full table in the inference
-    README, both rendered from it, are named; nothing else is."""
+    """A rate in one pre-harness file moves: the summary in BENCHMARKS.md, the full table in the inference
+    README and BENCHMARKS.md's headline row (base's fp32 ratio, 1.97× to 1.98×, ends its range), all rendered
+    from it, are named; nothing else is."""
     root = docs_copy(tmp_path)
     path = root / "docs" / "results" / "inference" / "base_best_peers.json"
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -148,6 +149,7 @@ def test_render_check_names_the_sections_whose_json_changed(tmp_path):
     done = benchmarks("render", "--check", "--root", str(root))
     assert done.returncode != 0
     assert sorted(done.stdout.splitlines()) == [
+        "differs from its JSON: BENCHMARKS.md: headlines-benchmarks",
         "differs from its JSON: BENCHMARKS.md: inference",
         "differs from its JSON: docs/results/inference/README.md: inference-full"]
 
