@@ -198,7 +198,7 @@ def goemotions_answer(sources: dict[str, Any]) -> Cells:
 
     def figure(block: Mapping[str, Any], side: str) -> str:
         runs = block[side]["runs"]
-        return f"{mean_std(describe([run['macro_f1'] for run in runs]))} ({len(runs)} seeds)"
+        return f"{mean_std(describe([run['macro_f1'] for run in runs]))} ({len(runs)} seed{'s' if len(runs) != 1 else ''})"
 
     def verdict(block: Mapping[str, Any]) -> str:
         ours, reference = ([run["macro_f1"] for run in block[side]["runs"]] for side in ("ours", "reference"))
