@@ -141,6 +141,19 @@ def run_peer(model: Path, train: Path, dev: Path, seed: int, epochs: float, lr: 
     return {**best, "wall_s": round(time.perf_counter() - started, 2)}
 
 
+def zero_shot(model: Path, dev: Path) -> dict:
+    """The untouched checkpoint's dev scores (`pipeline("embed")` with the pooling it declares, else mean): what
+    fine-tuning starts from."""
+    from bertforge.serving.pipelines import pipeline
+
+    rows = read_sentence_file(dev, texts=2, scored=True)
+    embed = pipeline("embed", model=str(model))
+    a, b = (embed([r.texts[c] for r in rows], batch_size=64) for c in (0, 1))
+    cosines = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    gold = [r.score for r in rows]
+    return {"spearman": spearman(cosines, gold), "pearson": pearson(cosines, gold)}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="the checkpoint both sides start from")
@@ -165,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
             if not (args.model and args.train and args.dev):
                 p.error("--model, --train and --dev are required (or --quick)")
             model, train, dev = Path(args.model), Path(args.train), Path(args.dev)
+        before = zero_shot(model, dev)
         runs = {side: [] for side in args.sides.split(",")}
         for seed in (int(s) for s in args.seeds.split(",")):
             for side in runs:
@@ -177,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps({"benchmark": "sentence_embedding", "quick": args.quick, "cpu": cpu_model(),
                       "threads": args.threads, "recipe": {**RECIPE, "epochs": args.epochs, "lr": args.lr,
                                                           "warmup_ratio": 0.1, "loss": "cosine", "pooling": "mean"},
-                      "train": str(train) if not args.quick else "toy", "sides": summary}))
+                      "train": str(train) if not args.quick else "toy", "zero_shot": before, "sides": summary}))
 
 
 if __name__ == "__main__":

