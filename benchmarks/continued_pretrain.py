@@ -32,6 +32,11 @@ Exactly one JSON line goes to stdout; progress goes to stderr.
 
     python benchmarks/continued_pretrain.py                   # MiniLM, batch 32, 10 steps x 5 repeats
     python benchmarks/continued_pretrain.py --repeats 1 --steps 2 --quiet 1.0 --batch-size 8   # smoke test
+    python benchmarks/continued_pretrain.py --quick     # seconds: the test, backs no figure
+
+`--quick`: a tiny random encoder (the `tiny` preset, MiniLM's vocabulary) as MODEL, instances made from
+Shakespeare's speeches, both in the temporary directory; batch 4, 2 batches, 1 warm-up step, 1 repeat of 2
+steps, any load accepted (`--quiet 1.0`, no retries).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import cpu_model, load_average, log, quiet_libraries
+from _common import cpu_model, load_average, log, quick_checkpoint, quick_text, quiet_libraries
 from pretrain import Worker, add_timing_flags, dense_mlm_labels, prepare_data, serve, time_alternating
 
 SEQ_LENGTH = 128
@@ -178,16 +183,18 @@ def main(argv: list[str] | None = None) -> int:
                                                   "instead of --book")
     parser.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny random encoder, toy instances, batch 4, 1 repeat of 2 steps (the test)")
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
         return 0
+    if args.quick:
+        args.batch_size, args.steps, args.repeats, args.warmup, args.num_batches = 4, 2, 1, 1, 2
+        args.quiet, args.retries = 1.0, 0
     for flag in ("repeats", "steps", "batch_size", "num_batches"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be at least 1")
-    model_dir = args.init_from or default_model()
-    if not (model_dir / "config.json").is_file():
-        parser.error(f"--init-from {model_dir}: no config.json there (a model directory is needed)")
     load = load_average()
 
     import torch
@@ -195,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="bertforge-continued-bench-") as workdir:
         workdir = Path(workdir)
-        if args.data is None and model_dir != default_model():
+        if args.quick:
+            args.init_from = quick_checkpoint(workdir / "quick-model")
+            [args.book] = quick_text(workdir / "quick-text", files=1, speeches=160)
+        model_dir = args.init_from or default_model()
+        if not (model_dir / "config.json").is_file():
+            parser.error(f"--init-from {model_dir}: no config.json there (a model directory is needed)")
+        if args.data is None and not args.quick and model_dir != default_model():
             log("note: the instances use all-MiniLM-L6-v2's (BERT uncased) vocabulary; pass --data for another")
         data = args.data or prepare_data(workdir, args.book)
         common = ["--data", str(data), "--init-from", str(model_dir), "--batch-size", str(args.batch_size),
@@ -217,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"ours {ours:.0f} tok/s, peer {peer:.0f} tok/s, speedup {ours / peer:.2f}; "
         f"RSS {memory['ours']} vs {memory['peer']} MB")
     report = {
-        "benchmark": "continued_pretraining_step", "model": str(model_dir), "objective": "mlm (no NSP)",
+        "benchmark": "continued_pretraining_step", **({"quick": True} if args.quick else {}),
+        "model": str(model_dir), "objective": "mlm (no NSP)",
         "peer_recipe": "run_mlm.py: AutoModelForMaskedLM + DataCollatorForLanguageModeling(0.15), grouped "
                        f"blocks of {SEQ_LENGTH} (full rows only, both frameworks)",
         "dtype": "float32", "threads": args.threads, "batch_size": args.batch_size, "seq_length": SEQ_LENGTH,

@@ -18,6 +18,9 @@ line goes to stdout; progress goes to stderr.
 
     python benchmarks/cpu_kernels.py                  # a few minutes
     python benchmarks/cpu_kernels.py --repeats 1 --calls 3 --tokens 64 --lengths 16   # a smoke run
+    python benchmarks/cpu_kernels.py --quick          # seconds: toy sizes (the test), backs no figure
+
+`--quick`: both models' layers at 16 tokens, attention at L 16 and 32 on 32 tokens, 1 run of 2 calls.
 """
 
 from __future__ import annotations
@@ -137,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="toy sizes, seconds: checks that it runs (the test)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.lengths, args.attention_tokens, args.calls, args.repeats = "16", "16,32", "32", 2, 1
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for name in models:
         if name not in SIZES:
@@ -166,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name]["attention"] = attention_rows(hidden, heads, lengths, attention_tokens,
                                                         args.calls, args.repeats)
     print(json.dumps({
-        "benchmark": "cpu_kernels", "models": models, "threads": torch.get_num_threads(), "bf16": bf16,
+        "benchmark": "cpu_kernels", **({"quick": True} if args.quick else {}),
+        "models": models, "threads": torch.get_num_threads(), "bf16": bf16,
         "calls": args.calls, "repeats": args.repeats, "torch_version": torch.__version__,
         "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "results": results,
         "load_average_before": load_before, "load_average_after": os.getloadavg()[0],

@@ -8,6 +8,10 @@ clipping, as `Trainer.training_step` does. Reports the first batch's loss and gr
 parameter difference after the steps, and the std of each side's freshly drawn classifier weights.
 
     python benchmarks/finetune_step_parity.py --model DIR --data-dir ../shared/data/glue --task mrpc --lr 5e-5 --steps 20
+    python benchmarks/finetune_step_parity.py --quick     # seconds: the test, backs no figure
+
+`--quick`: a tiny random checkpoint (MiniLM's vocabulary) and a toy MRPC of Shakespeare's speeches in a
+temporary directory, 2 steps.
 
 Prints ONE JSON line.
 """
@@ -15,24 +19,39 @@ Prints ONE JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _common import quick_checkpoint, quick_glue  # noqa: E402
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--model", help="the checkpoint both sides start from (required unless --quick)")
+    parser.add_argument("--data-dir", help="the GLUE root (required unless --quick)")
     parser.add_argument("--task", default="mrpc")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a tiny random checkpoint and a toy MRPC, 2 steps")
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.quick:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="finetune-step-parity-")))
+            args.model = str(quick_checkpoint(scratch / "model"))
+            args.data_dir, args.task, args.steps = str(quick_glue(scratch / "glue", "MRPC", rows=64)), "mrpc", 2
+        elif not (args.model and args.data_dir):
+            parser.error("--model and --data-dir are required (or --quick)")
+        run(args)
 
+
+def run(args: argparse.Namespace) -> None:
     import torch
     import transformers
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -109,7 +128,8 @@ def main() -> None:
         if (step + 1) % 5 == 0 or step + 1 == args.steps:
             diff = max((p.detach() - peer_params[n].detach()).abs().max().item() for n, p in ours.named_parameters())
             steps.append({"step": step + 1, "max_param_diff": diff, "lr_used": trainer.last_lr})
-    print(json.dumps({"benchmark": "finetune_step_parity", "task": spec.name, "lr": args.lr,
+    print(json.dumps({"benchmark": "finetune_step_parity", **({"quick": True} if args.quick else {}),
+                      "task": spec.name, "lr": args.lr,
                       "transformers_version": transformers.__version__, "first_batch": first, "steps": steps,
                       "classifier_init_std": init_std}))
 

@@ -11,6 +11,11 @@
     python benchmarks/glue_table.py runs/ours-sst2/summary.json \
         --also-ours-run 2e-5 42 docs/results/glue_sst2/bertforge_lr2e-5_seed42.json ...    # a kept run's file
 
+    python benchmarks/glue_table.py --quick     # MRPC's rows from the checked-in files (the test)
+
+`--quick` renders MRPC's tables from the files kept in docs/results/glue_mrpc/, as that folder's README
+does (a grid, three bertforge summaries pooled, the peer's files by learning rate).
+
 Prints markdown tables: with a grid, the main metric's mean ± std per learning rate on each side;
 then, at each side's best learning rate (by mean main dev metric, as `--lr-grid` picks it), mean ±
 std per metric with the goal (bertforge's mean ≥ the peer's mean − ½ the peer's std), then each
@@ -27,7 +32,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MRPC = REPO / "docs" / "results" / "glue_mrpc"
 
 from bertforge.training.finetune import describe  # the statistics `--seeds` writes to summary.json
 
@@ -81,16 +90,23 @@ def points(value: float) -> str:
     return f"{100 * value:.2f}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("ours", type=Path, help="bertforge's summary.json")
-    parser.add_argument("peer", type=Path, nargs="+", help="glue_peer.py's JSON output (one or more per learning rate)")
+    quick = "--quick" in (sys.argv[1:] if argv is None else argv)  # then the files are the kept MRPC ones
+    parser.add_argument("ours", type=Path, nargs="?" if quick else None, help="bertforge's summary.json")
+    parser.add_argument("peer", type=Path, nargs="*" if quick else "+",
+                        help="glue_peer.py's JSON output (one or more per learning rate)")
     parser.add_argument("--also-ours", type=Path, action="append", default=[], metavar="SUMMARY",
                         help="another bertforge summary.json whose runs pool with the first's (repeatable)")
     parser.add_argument("--also-ours-run", nargs=3, action="append", default=[],
                         metavar=("LR", "SEED", "EVAL_RESULTS"),
                         help="one bertforge run's eval_results.json, fine-tuned at LR with SEED (repeatable)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true",
+                        help="MRPC's rows from docs/results/glue_mrpc/ (the files its README names)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.ours, args.peer = MRPC / "bertforge_lr_grid.json", sorted(MRPC.glob("transformers_lr*.json"))
+        args.also_ours = [MRPC / "bertforge_lr2e-5.json", MRPC / "bertforge_lr_grid_seeds45-46.json"]
     summaries = [json.loads(path.read_text()) for path in [args.ours, *args.also_ours]]
     ours = pool_ours(summaries + [kept_run(*run) for run in args.also_ours_run])
     peers = pool_peers([json.loads(path.read_text().strip().splitlines()[-1]) for path in args.peer])

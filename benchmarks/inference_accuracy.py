@@ -5,6 +5,10 @@ the peer's at its best settings in each precision (`--dtypes` with `peer_*`).
     python benchmarks/inference_accuracy.py --model runs/sst2 --task sst2 --data-dir ../shared/data/glue
     python benchmarks/inference_accuracy.py --model runs/sst2 --task sst2 --data-dir ../shared/data/glue \
         --dtypes fp32,bf16,int8,peer_fp32,peer_bf16,peer_onnx,peer_onnx_int8
+    python benchmarks/inference_accuracy.py --quick      # seconds: the test, backs no figure
+
+`--quick`: every dtype above on a tiny random `BertForSequenceClassification` (MiniLM's vocabulary) and a toy
+SST-2 dev set of 32 Shakespeare speeches, built in a temporary directory.
 
 The peer's rows load the same checkpoint into transformers' `BertForSequenceClassification` (sdpa)
 and take the same token ids: `peer_fp32`; `peer_bf16` under `torch.autocast("cpu", bfloat16)`;
@@ -20,15 +24,17 @@ the pass (unpadded, length-sorted batches of `--batch-size`). Prints ONE JSON li
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _common import cpu_model, log  # noqa: E402
+from _common import cpu_model, log, quick_checkpoint, quick_glue  # noqa: E402
 
 
 PEER_SETTINGS = ("fp32", "bf16", "onnx", "onnx_int8")
@@ -74,9 +80,9 @@ def peer_classifier(model_dir: str, setting: str, threads: int):
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a fine-tuned `bertforge finetune glue` output")
-    parser.add_argument("--task", required=True)
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--model", help="a fine-tuned `bertforge finetune glue` output (required unless --quick)")
+    parser.add_argument("--task", help="required unless --quick")
+    parser.add_argument("--data-dir", help="required unless --quick")
     parser.add_argument("--dtypes", default="fp32,bf16,int8",
                         help="comma-separated: fp32 (the reference, first), bf16, int8 (bertforge's default "
                              "engine), int8_x86, int8_onednn; the peer's peer_fp32, peer_bf16, peer_onnx, "
@@ -84,8 +90,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--quick", action="store_true",
+                        help="every dtype on a tiny random classifier and a toy SST-2 dev set (the test)")
     args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.quick:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="inference-accuracy-")))
+            args.model = str(quick_checkpoint(scratch / "model", "BertForSequenceClassification", num_labels=2))
+            args.data_dir, args.task = str(quick_glue(scratch / "glue", "SST-2", rows=96)), "sst2"
+            args.dtypes = "fp32,bf16,int8,peer_fp32,peer_bf16,peer_onnx,peer_onnx_int8"
+        elif not (args.model and args.task and args.data_dir):
+            parser.error("--model, --task and --data-dir are required (or --quick)")
+        return run(args)
 
+
+def run(args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
@@ -132,7 +151,8 @@ def main(argv: list[str] | None = None) -> dict:
         results[dtype] = row
         log(f"{dtype}: {row}")
 
-    out = {"benchmark": "inference_accuracy", "task": spec.name, "split": split, "examples": len(features),
+    out = {"benchmark": "inference_accuracy", **({"quick": True} if args.quick else {}),
+           "task": spec.name, "split": split, "examples": len(features),
            "model": str(args.model), "threads": args.threads, "batch_size": args.batch_size,
            "torch_version": torch.__version__, "cpu_model": cpu_model(),
            "results": results}

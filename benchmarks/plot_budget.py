@@ -1,6 +1,10 @@
 """Held-out curves of two `pretrain_budget.py` runs, side by side, against training time.
 
     python benchmarks/plot_budget.py runs/ours runs/peer --output docs/results/pretrain_budget_mini.png
+    python benchmarks/plot_budget.py --quick --output /tmp/budget.png      # the checked-in logs (the test)
+
+`--quick` draws the logs kept in docs/results/pretrain_budget_mini/ (bertforge's, and the peer's corrected
+one) as that folder's README does; without `--output` the figure goes to a temporary directory, removed after.
 
 Reads each run's log.jsonl (the evaluation records: eval_mlm_loss, eval_mlm_accuracy,
 eval_nsp_accuracy, with `elapsed` = training seconds, evaluation excluded) and draws the three
@@ -10,8 +14,13 @@ curves, one panel each. Prints ONE JSON line with each run's last evaluation.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+import tempfile
 from pathlib import Path
+
+KEPT = Path(__file__).resolve().parents[1] / "docs" / "results" / "pretrain_budget_mini"
 
 PANELS = [("eval_mlm_loss", "held-out masked-LM loss"), ("eval_mlm_accuracy", "held-out masked-LM accuracy"),
           ("eval_nsp_accuracy", "held-out next-sentence accuracy")]
@@ -22,13 +31,29 @@ def evaluations(run: Path) -> list[dict]:
     return [r for r in records if "eval_mlm_loss" in r]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="output directories of pretrain_budget.py")
+    parser.add_argument("runs", nargs="*", type=Path, help="output directories of pretrain_budget.py")
     parser.add_argument("--labels", help="comma-separated, one per run (default: the directory names)")
-    parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
+    parser.add_argument("--output", type=Path, help="the PNG to write (required unless --quick)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the logs kept in docs/results/pretrain_budget_mini/, bertforge against the peer")
+    args = parser.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.quick:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="plot-budget-")))
+            args.runs, args.labels = [], "bertforge,transformers"
+            for name, log in (("ours", "bertforge.log.jsonl"), ("peer_corrected", "transformers_corrected.log.jsonl")):
+                (scratch / name).mkdir()
+                shutil.copy(KEPT / log, scratch / name / "log.jsonl")
+                args.runs.append(scratch / name)
+            args.output = args.output or scratch / "pretrain_budget_mini.png"
+        elif not args.runs or args.output is None:
+            parser.error("runs and --output are required (or --quick)")
+        plot(args)
 
+
+def plot(args: argparse.Namespace) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

@@ -10,16 +10,26 @@ and biases), linear warm-up then linear decay over the same `--max-steps`, globa
 is spent and evaluate on held-out instances every `--eval-every` steps and at the end: masked-LM
 loss (mean over masked tokens), perplexity, masked-LM and NSP accuracy. Each writes OUT/log.jsonl
 and prints ONE JSON line with its last evaluation.
+
+    python benchmarks/pretrain_budget.py --framework ours --quick      # seconds: the test, backs no figure
+
+`--quick`: the `tiny` preset for 4 steps (batch 8, evaluation every 2) on instances that
+`prepare_pretraining` makes from Shakespeare's speeches with MiniLM's vocabulary (train and held-out
+from different speeches), in a temporary directory that also holds OUT.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from _common import minilm_dir, quick_pretraining_data
 
 
 def peer_run(args) -> dict:
@@ -130,13 +140,13 @@ def ours_run(args) -> dict:
     return [r for r in records if "eval_mlm_loss" in r][-1]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--framework", choices=("ours", "peer"), required=True)
-    parser.add_argument("--train", required=True)
-    parser.add_argument("--eval", required=True)
+    parser.add_argument("--train", help="prepared instances (required unless --quick)")
+    parser.add_argument("--eval", help="prepared held-out instances (required unless --quick)")
     parser.add_argument("--vocab", help="vocab.txt of the data (ours; default TRAIN/vocab.txt)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", help="the run's directory (required unless --quick)")
     parser.add_argument("--config", default="mini")
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--max-steps", type=int, default=20000, help="the schedule's length (decay to 0 there)")
@@ -147,13 +157,25 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=20)
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="the tiny preset, 4 steps, toy data (the test)")
+    args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(args.threads)
-    started = time.time()
-    result = ours_run(args) if args.framework == "ours" else peer_run(args)
-    print(json.dumps({"benchmark": "pretrain_budget", "framework": args.framework, "config": args.config,
+    with contextlib.ExitStack() as stack:
+        if args.quick:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pretrain-budget-")))
+            args.train = str(quick_pretraining_data(scratch / "train", speeches=160))
+            args.eval = str(quick_pretraining_data(scratch / "heldout", files=1, speeches=40))
+            args.vocab, args.out = str(minilm_dir() / "vocab.txt"), str(scratch / "out")
+            args.config, args.max_steps, args.warmup_steps, args.batch_size = "tiny", 4, 2, 8
+            args.log_every, args.eval_every = 1, 2
+        elif not (args.train and args.eval and args.out):
+            parser.error("--train, --eval and --out are required (or --quick)")
+        started = time.time()
+        result = ours_run(args) if args.framework == "ours" else peer_run(args)
+    print(json.dumps({"benchmark": "pretrain_budget", **({"quick": True} if args.quick else {}),
+                      "framework": args.framework, "config": args.config,
                       "minutes": args.minutes, "threads": args.threads, "batch_size": args.batch_size, "lr": args.lr,
                       "seed": args.seed, "wall_seconds": round(time.time() - started, 1), **result}))
 

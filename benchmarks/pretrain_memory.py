@@ -10,6 +10,10 @@ the arms: ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 (no kernel cache) and BERTFORGE_KEEP
 default malloc) separate the causes.
 
     python benchmarks/pretrain_memory.py --data runs/mini/train --vocab VOCAB --steps 200 --precision bf16
+    python benchmarks/pretrain_memory.py --quick     # seconds: the test, backs no figure
+
+`--quick`: both arms of the `tiny` preset for 3 steps (a log record every step) on instances that
+`prepare_pretraining` makes from Shakespeare's speeches with MiniLM's vocabulary in a temporary directory.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import minilm_dir, quick_pretraining_data  # noqa: E402
 
 
 def _rss_mb() -> float:
@@ -50,13 +58,14 @@ def worker(args: argparse.Namespace) -> None:
         main(["pretrain", "--data", args.data, "--vocab", args.vocab, "--config", args.config, "--output-dir", out,
               "--batch-size", "32", "--lr", "5e-4", "--warmup-steps", "200", "--max-steps", str(args.steps),
               "--precision", args.precision, "--seed", "0", "--num-threads", str(args.threads), "--no-progress",
-              "--log-every", "10"])
+              "--log-every", "1" if args.quick else "10"])
         wall = time.perf_counter() - started
         log = [json.loads(line) for line in open(os.path.join(out, "log.jsonl"))]
     rates = [r["tokens_per_second"] for r in log if "tokens_per_second" in r]
     quarter = len(samples) // 4
     print(json.dumps({
-        "benchmark": "pretrain_memory", "config": args.config, "precision": args.precision, "buckets": args.buckets,
+        "benchmark": "pretrain_memory", **({"quick": True} if args.quick else {}),
+        "config": args.config, "precision": args.precision, "buckets": args.buckets,
         "steps": args.steps, "threads": args.threads, "keep_freed_memory": memory._applied,
         "onednn_primitive_cache_capacity": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "default"),
         "wall_seconds": round(wall, 1),
@@ -67,19 +76,29 @@ def worker(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="prepare-pretraining output")
-    parser.add_argument("--vocab", required=True)
+    parser.add_argument("--data", help="prepare-pretraining output (required unless --quick)")
+    parser.add_argument("--vocab", help="required unless --quick")
     parser.add_argument("--config", default="mini")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp32"))
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--buckets", choices=("on", "off", "both"), default="both")
+    parser.add_argument("--quick", action="store_true", help="the tiny preset, 3 steps, toy data (the test)")
     args = parser.parse_args(argv)
-    if args.buckets != "both":
-        return worker(args)
-    for arm in ("on", "off"):  # a fresh process each, so that neither inherits the other's kernel cache
-        command = [sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--buckets", arm]
-        subprocess.run(command, check=True)
+    argv = list(argv if argv is not None else sys.argv[1:])
+    with tempfile.TemporaryDirectory(prefix="pretrain-memory-") as scratch:
+        if args.quick and args.data is None:  # the arms get the toy data's --data and --vocab
+            args.data = str(quick_pretraining_data(Path(scratch) / "data"))
+            args.vocab = str(minilm_dir() / "vocab.txt")
+            argv += ["--data", args.data, "--vocab", args.vocab, "--config", "tiny", "--steps", "3"]
+            args.config, args.steps = "tiny", 3
+        elif not (args.data and args.vocab):
+            parser.error("--data and --vocab are required (or --quick)")
+        if args.buckets != "both":
+            return worker(args)
+        for arm in ("on", "off"):  # a fresh process each, so that neither inherits the other's kernel cache
+            command = [sys.executable, __file__, *argv, "--buckets", arm]
+            subprocess.run(command, check=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ requests then in flight are answered afterwards, for at most `--drain-seconds`; 
 where the load after the warm-up is under 2 minutes: half of it each), the growth between them in %, p50
 and p99 latency, the count of 5xx answers (and of any other failure), and `ok`: growth <= `--max-growth`
 % and no 5xx. Only loopback is used; every loop is bounded in time.
+
+    python benchmarks/serve_memory.py --quick      # seconds: the test, backs no figure
+
+`--quick`: a tiny random classifier (MiniLM's vocabulary) and words from a toy SST-2 dev file of Shakespeare's
+speeches, both in a temporary directory; 6 s of load (1.5 s of warm-up) from 2 clients of requests of up to
+4 texts of up to 32 words, RSS sampled every 0.5 s.
 """
 
 from __future__ import annotations
@@ -24,12 +30,15 @@ import json
 import os
 import random
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_load import DEFAULT_DATA, HOST, Server, post, read_sentences, rss_bytes  # noqa: E402
+
+from _common import quick_checkpoint, quick_glue  # noqa: E402
 
 RSS_EVERY_S = 5.0
 
@@ -39,9 +48,9 @@ def random_body(rng: random.Random, words: list[str], max_texts: int, max_words:
     return json.dumps({"texts": texts}).encode()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="a sequence-classification checkpoint directory")
+    parser.add_argument("--model", help="a sequence-classification checkpoint directory (required unless --quick)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="SST-2 dev.tsv (the words to draw from)")
     parser.add_argument("--minutes", type=float, default=10.0, help="length of the load, warm-up included")
     parser.add_argument("--warmup-minutes", type=float, default=1.0, help="growth is measured after this")
@@ -57,7 +66,22 @@ def main() -> None:
     parser.add_argument("--drain-seconds", type=float, default=120.0,
                         help="how long the requests in flight at the end may take to be answered")
     parser.add_argument("--startup-timeout", type=float, default=300.0)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="a tiny classifier, toy words, 6 s of load (the test)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="serve-memory-") as scratch:
+        every = RSS_EVERY_S
+        if args.quick:
+            args.model = quick_checkpoint(Path(scratch) / "model", "BertForSequenceClassification", num_labels=2)
+            args.data = quick_glue(Path(scratch) / "glue", "SST-2", rows=96) / "SST-2" / "dev.tsv"
+            args.minutes, args.warmup_minutes, args.clients, args.max_texts, args.max_words = 0.1, 0.025, 2, 4, 32
+            args.drain_seconds, every = 30.0, 0.5
+        elif not args.model:
+            parser.error("--model is required (or --quick)")
+        run(parser, args, every)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace, every: float) -> None:
+    """The load, the samples and the JSON line (`every`: seconds between RSS samples)."""
     if not 0 < args.warmup_minutes < args.minutes:
         parser.error(f"--warmup-minutes must be above 0 and below --minutes ({args.minutes}), got {args.warmup_minutes}")
 
@@ -95,7 +119,7 @@ def main() -> None:
 
     def sample() -> None:
         while time.monotonic() < stop_at:
-            time.sleep(RSS_EVERY_S)
+            time.sleep(every)
             rss = rss_bytes(server.process.pid)
             if rss:
                 samples.append((time.monotonic() - started, rss / 2**20))
@@ -137,7 +161,8 @@ def main() -> None:
     errors_5xx = sum(count for status, count in answered.items() if status.isdigit() and int(status) >= 500)
     growth = round((rss_last - rss_warm) / rss_warm * 100, 1) if rss_warm and rss_last else None
     result = {
-        "benchmark": "serve_memory", "model": str(args.model), "dtype": args.dtype, "minutes": args.minutes,
+        "benchmark": "serve_memory", **({"quick": True} if args.quick else {}),
+        "model": str(args.model), "dtype": args.dtype, "minutes": args.minutes,
         "warmup_minutes": args.warmup_minutes, "clients": args.clients, "max_texts": args.max_texts,
         "max_words": args.max_words, "max_batch_size": args.max_batch_size,
         "torch_threads_env": os.environ.get("OMP_NUM_THREADS"),
@@ -148,7 +173,7 @@ def main() -> None:
         "rss_peak_after_warmup_mb": round(rss_warm, 1) if rss_warm else None,
         "rss_peak_at_end_mb": round(rss_last, 1) if rss_last else None, "rss_growth_pct": growth,
         "rss_end_mb": round(rss_end, 1) if rss_end else None, "window_s": window_s,
-        "rss_mb_every_30s": [round(rss, 1) for at, rss in samples[::max(1, int(30 / RSS_EVERY_S))]],
+        "rss_mb_every_30s": [round(rss, 1) for at, rss in samples[::max(1, int(30 / every))]],
         "exit_code_after_sigterm": exit_code,
     }
     result["ok"] = (growth is not None and growth <= args.max_growth and errors_5xx == 0

