@@ -283,6 +283,18 @@ def tapt_answer(sources: dict[str, Any]) -> Cells:
     return (f"CoNLL-2003 F1 {bold(minus(f'{conll:+.2f}'))}, SST-2 acc. {bold(minus(f'{sst2:+.2f}'))}", "", helps)
 
 
+def sentence_embedding_answer(sources: dict[str, Any]) -> Cells:
+    """Each side's mean ± std dev Spearman and the goal (bertforge ≥ the peer's mean − ½ std)."""
+    sides = sources["sentence_embedding/stsb.json"]["sides"]
+    stats = {side: describe([run["spearman"] for run in sides[side]["runs"]]) for side in sides}
+    goal = stats["peer"]["mean"] - stats["peer"]["std"] / 2
+    gap = 100 * (stats["ours"]["mean"] - goal)
+    verdict = "goal met" if gap >= 0 else f"not met ({minus(f'{gap:+.2f}')} points against the goal)"
+    n = len(sides["ours"]["runs"])
+    return (f"{mean_std(stats['ours'])} ({n} seeds)", f"{mean_std(stats['peer'])} ({len(sides['peer']['runs'])} seeds)",
+            verdict)
+
+
 # --- BENCHMARKS.md: speed -------------------------------------------------------------------------------
 
 def inference_cases_text(result: Mapping[str, Any]) -> str:
@@ -358,6 +370,9 @@ HEADLINES = (
     Headline("goemotions", f"[Multi-label GoEmotions against the reference loop]({R}#multi-label-classification-"
              "goemotions) (MiniLM, dev macro-F1, bertforge's defaults: fp32, shuffled; AdamW ε 1e-8, the issue's "
              "cause, fixed)", goemotions_answer, section="goemotions"),
+    Headline("sentence-embedding", f"[Sentence embeddings: STS-B bi-encoders against sentence-transformers]({R}#"
+             "sentence-embeddings-sts-b-bi-encoders) (MiniLM, dev Spearman, its recipe)", sentence_embedding_answer,
+             section="sentence-embedding-stsb"),
     Headline("distill", f"[Distillation: how much of its teacher does a 3-layer student keep?]({R}#distillation-3--and-"
              "2-layer-students-of-minilm-on-sst-2-and-conll-2003) (MiniLM teachers, 3 seeds)", distill_answer,
              section="distill", runs=("b9cf256", "e068e0b", "9240e77")),  # not 996811a: the intermediate runs
@@ -446,7 +461,7 @@ HEADLINES = (
 
 QUALITY = ("bertforge", "peer", "verdict")
 SPEED = ("answer (ratios: bertforge / peer)",)
-RESULTS_KEYS = ("glue", "ner", "ner-features", "squad-v1.1", "squad-v2.0", "goemotions", "distill", "multiple-choice",
+RESULTS_KEYS = ("glue", "ner", "ner-features", "squad-v1.1", "squad-v2.0", "goemotions", "sentence-embedding", "distill", "multiple-choice",
                 "pretrain-budget", "sst2-mini-vs-random", "tapt", "ablations")
 BENCHMARKS_KEYS = ("finetune-speed", "goemotions-speed", "inference", "inference-int8", "accuracy", "inference-dtypes",
                    "encoder", "machine-limit", "pretrain-step", "continued-pretrain", "training-memory",

@@ -426,6 +426,32 @@ def goemotions_labels_table(sources: Sources) -> str:
     return rows(header, body)
 
 
+def sentence_embedding_table(sources: Sources) -> str:
+    """STS-B bi-encoders: each side's dev Spearman and Pearson (× 100) over its seeds, its fine-tuning wall time
+    (median over seeds) and bertforge's speed against the peer; the goal Spearman ≥ the peer's mean − ½ std;
+    the untouched checkpoint's zero-shot scores as the last row."""
+    result = sources["sentence_embedding/stsb.json"]
+    sides = result["sides"]
+    stats = {side: {metric: describe([run[metric] for run in sides[side]["runs"]]) for metric in ("spearman", "pearson")}
+             for side in sides}
+    wall = {side: float(np.median([run["wall_s"] for run in sides[side]["runs"]])) for side in sides}
+    goal = stats["peer"]["spearman"]["mean"] - stats["peer"]["spearman"]["std"] / 2
+    met = stats["ours"]["spearman"]["mean"] >= goal
+    labels = {"ours": "bertforge `finetune sentence-embedding`", "peer": "sentence-transformers (its loss, a plain loop)"}
+    body = []
+    for side in ("ours", "peer"):
+        higher = stats[side]["spearman"]["mean"] == max(s["spearman"]["mean"] for s in stats.values())
+        body.append([labels[side], ", ".join(str(run["seed"]) for run in sides[side]["runs"]),
+                     bold(mean_std(stats[side]["spearman"]), higher), mean_std(stats[side]["pearson"]),
+                     f"{wall[side]:.0f}", f"{wall['peer'] / wall['ours']:.2f}×" if side == "ours" else "",
+                     f"{points(goal)}: {bold('yes' if met else 'no')}" if side == "ours" else ""])
+    zero = result["zero_shot"]
+    body.append(["the checkpoint before fine-tuning (zero-shot)", "", points(zero["spearman"]), points(zero["pearson"]),
+                 "", "", ""])
+    return rows(["side", "seeds", "dev Spearman", "dev Pearson", "fine-tuning s (median)", "speed (goal ≥ 1.5×)",
+                 "goal: peer mean − ½ std"], body)
+
+
 REPORTS = (
     Report(name="glue", figure='RESULTS.md, "GLUE: MRPC, CoLA, RTE, STS-B, SST-2"',
            sources=tuple(f"{folder}/{name}" for _, folder, summaries, kept, _ in GLUE_TASKS
@@ -450,6 +476,8 @@ REPORTS = (
            sources=("tapt_sst2/result.json", "tapt_conll/result.json"), table=tapt_table),
     Report(name="goemotions", figure='RESULTS.md, "Multi-label classification: GoEmotions"',
            sources=("goemotions/acceptance.json",), table=goemotions_table),
+    Report(name="sentence-embedding-stsb", figure='RESULTS.md, "Sentence embeddings: STS-B bi-encoders"',
+           sources=("sentence_embedding/stsb.json",), table=sentence_embedding_table),
     Report(name="goemotions-seeds", figure="docs/results/goemotions/README.md, issue 64's acceptance per run",
            sources=("goemotions/acceptance.json",), table=goemotions_seeds_table),
     Report(name="goemotions-labels", figure="docs/results/goemotions/README.md, each label's F1 by side",
