@@ -359,8 +359,8 @@ HEADLINES = (
              "MRPC F1, CoLA MCC, RTE acc., STS-B Pearson, SST-2 acc.", glue_answer, section="glue"),
     Headline("ner", f"[CoNLL-2003 NER dev F1 against the peer]({R}#conll-2003-ner-fine-tuned)", ner_answer,
              section="ner"),
-    Headline("ner-features", f"[Feature-based NER against fine-tuning]({R}#table-7-at-small-scale-feature-based-ner-"
-             "against-fine-tuning) (the paper's Table 7, MiniLM)",
+    Headline("ner-features", "[Feature-based NER against fine-tuning](docs/results/ner_table7/README.md#table-7-at-"
+             "small-scale-feature-based-ner-against-fine-tuning) (the paper's Table 7, MiniLM)",
              Typed(("fine-tuning 90.45, sum of the last four layers 89.89", "", "the paper's order holds"),
                    "0be3b1e, 2026-12-01")),
     Headline("squad-v1.1", f"[SQuAD v1.1 F1 against the peer]({R}#squad-v11-and-v20)", squad_answer("v1.1"),
@@ -376,17 +376,19 @@ HEADLINES = (
     Headline("distill", f"[Distillation: how much of its teacher does a 3-layer student keep?]({R}#distillation-3--and-"
              "2-layer-students-of-minilm-on-sst-2-and-conll-2003) (MiniLM teachers, 3 seeds)", distill_answer,
              section="distill", runs=("b9cf256", "e068e0b", "9240e77")),  # not 996811a: the intermediate runs
-    Headline("multiple-choice", f"[Multiple choice]({R}#multiple-choice-a-four-way-task-from-the-public-domain-books) "
-             "(four-way, books)", Typed(("54.25%", "", "chance 25%"), "cc8d270, 2026-11-30")),
+    Headline("multiple-choice", "[Multiple choice](docs/results/book_choice/README.md#multiple-choice-a-four-way-task-"
+             "from-the-public-domain-books) (four-way, books)",
+             Typed(("54.25%", "", "chance 25%"), "cc8d270, 2026-11-30")),
     Headline("pretrain-budget", f"[Pre-training, 30 CPU minutes of `mini`, against the peer]({R}#pre-training-30-"
              "minutes-of-cpu-mini-bertforge-against-the-peer)", pretrain_answer, section="pretrain-budget"),
     Headline("sst2-mini-vs-random", f"[Does 30 minutes of pre-training beat random weights on SST-2?]({R}#does-pre-"
              "training-pay-pre-trained-mini-against-random-weights-on-sst-2)", sst2_mini_answer,
              section="sst2-mini-vs-random"),
-    Headline("tapt", f"[Task-adaptive pre-training]({R}#task-adaptive-pre-training-minilm-continued-on-a-tasks-own-"
-             "text) (1,000 labelled examples)", tapt_answer, section="tapt", runs=("0c67daa", "2d6862c")),
-    Headline("ablations", f"[The paper's ablations in miniature]({R}#the-papers-ablations-in-miniature-5): "
-             "Tables 5, 6, 7",
+    Headline("tapt", "[Task-adaptive pre-training](docs/results/tapt_conll/README.md#task-adaptive-pre-training-"
+             "minilm-continued-on-a-tasks-own-text) (1,000 labelled examples)", tapt_answer, section="tapt",
+             runs=("0c67daa", "2d6862c")),
+    Headline("ablations", "[The paper's ablations in miniature](docs/results/reproduce_table5/README.md#the-papers-"
+             "ablations-in-miniature-5): Tables 5, 6, 7",
              Typed(("Table 6 (size) reproduced; Table 5 not; Table 7 in part", "", ""),
                    "7fe973a, 6f91cd4, a705246, 2026-12-03")),
 
@@ -417,18 +419,20 @@ HEADLINES = (
     Headline("pretrain-step", f"[Pre-training step (MLM + NSP) against the peer]({B}#pre-training-step)",
              Typed(("`mini` 3.144 (fp32) / 4.226 (bf16); `base` 1.431 / 1.742",),
                    "d8f2b06, 48ba8c7, 2026-11-30/12-04")),
-    Headline("continued-pretrain", f"[Continued pre-training step against `run_mlm.py`]({B}#continued-pre-training-"
-             "step)", Typed(("2.71× (MiniLM, fp32)",), "48ba8c7, 2026-12-04")),
-    Headline("training-memory", f"[Does training memory stay flat?]({B}#training-memory)",
+    Headline("continued-pretrain", "[Continued pre-training step against `run_mlm.py`](docs/results/pretrain_step/"
+             "README.md#continued-pre-training-step)", Typed(("2.71× (MiniLM, fp32)",), "48ba8c7, 2026-12-04")),
+    Headline("training-memory", "[Does training memory stay flat?](docs/results/pretrain_memory/README.md#training-"
+             "memory)",
              Typed(("yes with row buckets (the default): `mini` bf16 1,371 → 1,412 MB over 200 steps, 3,919 MB "
                     "without",), "128cdc2, 2026-12-02")),
-    Headline("varied-batches", f"[Inference on shapes that never repeat]({B}#inference-on-batches-whose-shapes-never-"
-             "repeat)", Typed(("row buckets: faster at every dtype, growth in the 2nd half ≤ 71.9 MB",),
-                              "3a5fd90, 5aab826, 2026-12-01/04")),
+    Headline("varied-batches", "[Inference on shapes that never repeat](docs/results/inference/README.md#inference-"
+             "on-batches-whose-shapes-never-repeat)",
+             Typed(("row buckets: faster at every dtype, growth in the 2nd half ≤ 71.9 MB",),
+                   "3a5fd90, 5aab826, 2026-12-01/04")),
     Headline("server", f"[Server throughput]({B}#server-under-load) (16 clients, 2 cores)",
              Typed(("int8 329.9 req/s, p99 64.8 ms; bf16 286.5 req/s",), "3a5fd90, 2026-12-01")),
-    Headline("server-limits", f"[Server at its limits]({B}#server-at-its-limits): 50 clients at every request limit "
-             "+ 200 slow-header sockets, 10 min, then SIGTERM",
+    Headline("server-limits", "[Server at its limits](docs/results/serve_load/README.md#server-at-its-limits): 50 "
+             "clients at every request limit + 200 slow-header sockets, 10 min, then SIGTERM",
              Typed(("no answer later than the admission bound (145.8 s ≤ 165.5 s), 1,245 × 429, no 5xx; exit 29.5 s "
                     "after SIGTERM (graceful 30 s); RSS +8.1%",), "aaa1116, 2026-12-06")),
     Headline("server-memory", "[Server memory under random traffic](docs/results/serve_memory/README.md#server-memory-"
@@ -437,8 +441,9 @@ HEADLINES = (
              tokenizer_answer, section="tokenizer"),
     Headline("tokenizer-long", f"[Tokenizing 1,000,000 characters without spaces]({B}#tokenizer-throughput)",
              tokenizer_long_answer, section="tokenizer-long"),
-    Headline("prepare-pretraining", f"[Pre-training instances from 54.2 MB of text]({B}#pre-training-instances-at-"
-             "corpus-scale)", Typed(("17.79 s with 2 workers, 895.1 MB peak",), "d9b4d71, 2026-11-29")),
+    Headline("prepare-pretraining", "[Pre-training instances from 54.2 MB of text](docs/results/prepare_pretraining/"
+             "README.md#pre-training-instances-at-corpus-scale)",
+             Typed(("17.79 s with 2 workers, 895.1 MB peak",), "d9b4d71, 2026-11-29")),
     Headline("squad-cpu", f"[SQuAD v1.1 fine-tuning on CPU]({B}#squad-fine-tuning-on-cpu) against run_qa",
              Typed(("first epoch 430.0 s / 2,021.6 s (4.70×); BERT-Base peak 6.48 GiB",),
                    "a647ad5, 0be3b1e, 2026-12-01/04")),

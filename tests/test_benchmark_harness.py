@@ -210,7 +210,7 @@ def test_render_check_names_a_report_whose_json_changed(tmp_path):
 
 def test_render_check_names_a_report_whose_figure_was_edited(tmp_path):
     root = results_copy(tmp_path)
-    document = root / "RESULTS.md"
+    document = root / "docs" / "results" / "tapt_conll" / "README.md"
     text = document.read_text(encoding="utf-8")
     start = text.index("<!-- render: tapt -->")
     body = text[start:text.index("<!-- /render -->", start)]
@@ -218,7 +218,7 @@ def test_render_check_names_a_report_whose_figure_was_edited(tmp_path):
     document.write_text(text[:start] + body.replace("**+1.26**", "**+1.36**") + text[start + len(body):],
                         encoding="utf-8")
     done = benchmarks("render", "--check", "--root", str(root))
-    assert done.returncode != 0 and "RESULTS.md: tapt" in done.stdout
+    assert done.returncode != 0 and "docs/results/tapt_conll/README.md: tapt" in done.stdout
     assert benchmarks("render", "--root", str(root)).returncode == 0
     assert document.read_text(encoding="utf-8") == text  # render wrote the JSON's figure back
 

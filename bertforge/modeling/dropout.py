@@ -1,8 +1,8 @@
 """Dropout (Srivastava et al. 2014) with a cheaper mask on CPU (`attention.attend` uses it on the probabilities).
 
 Why: torch's CPU dropout draws its mask with one generator call per element (`aten::bernoulli_`,
-single-threaded), a large share of a small BERT's training step (BENCHMARKS.md, "Continued
-pre-training step"); the largest masks are on the (N, A, L, L) attention probabilities. Here each
+single-threaded), a large share of a small BERT's training step (docs/results/pretrain_step/README.md,
+"Continued pre-training step"); the largest masks are on the (N, A, L, L) attention probabilities. Here each
 mask is 16-bit chunks of 64-bit words (four elements per word) from numpy's SFC64 generator, seeded
 by one draw from torch's default generator: each element drops when its 16 bits fall below
 round(p * 2^16), i.e. with probability p rounded to a multiple of 2^-16 (0.1 -> 0.100006; at most

@@ -20,7 +20,7 @@ H hidden):
   few lengths (`bertforge.modeling.packing.bucket_size`, which says why: ≤ 1/8 more rows) with filler
   rows that attend to nothing and are dropped. Real workloads (a server's micro-batches, one pass over
   a file) have a new T nearly every batch: on such batches buckets make int8 and bf16 faster and keep
-  every dtype's memory bounded (see BENCHMARKS.md). With buckets a batch without padding is packed as
+  every dtype's memory bounded (see docs/results/inference/README.md). With buckets a batch without padding is packed as
   well, and in bf16/fp16 each example's attention runs at a bucketed length (masked). Outputs are
   unchanged (the filler rows are never read).
 - `dtype="bf16"`: weights and activations in bfloat16; on a CPU with AVX-512 BF16 or AMX the

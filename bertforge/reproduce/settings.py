@@ -26,8 +26,9 @@ CORPORA = ("shakespeare", "shakespeare+books")
 DEFAULT_SIZES = "2/128/2,3/192/3,4/256/4"
 # The defaults that differ by table: Table 6's larger models get fewer steps and smaller tasks, so that
 # each table's default run fits in about 90 minutes on a 2-core CPU.
-# Table 7's deeper (6-layer) model does not fine-tune reliably at the smaller models' rate (RESULTS.md,
-# Table 7), so its Fine-tuning row has a lower one; its feature-based rows have --feature-lr.
+# Table 7's deeper (6-layer) model does not fine-tune reliably at the smaller models' rate
+# (docs/results/reproduce_table7/README.md), so its Fine-tuning row has a lower one; its feature-based rows
+# have --feature-lr.
 TABLE_DEFAULTS = {"table5": {"config": "tiny", "steps": 2000, "max_train_examples": 1500, "finetune_lr": 1e-3},
                   "table6": {"config": "tiny", "steps": 1000, "max_train_examples": 800, "finetune_lr": 1e-3},
                   "table7": {"config": "6/128/2", "steps": 2000, "max_train_examples": 1500, "finetune_lr": 5e-4}}

@@ -14,8 +14,8 @@ before it), and a request larger than one forward batch that would overtake it b
 A request alone in the queue is always admitted (its own size is bounded by the per-request limits),
 so an admitted request starts after at most `max_queued_tokens` of queued work and the call already
 running. `DEFAULT_MAX_QUEUED_TOKENS` is one request at the default limits (256 rows of 512 tokens);
-the wait it means scales with the model's throughput (BENCHMARKS.md, the server's at-limits load), so
-Retry-After uses the rate measured on the calls the server ran, not an assumed one.
+the wait it means scales with the model's throughput (docs/results/serve_load/README.md, "Server at its
+limits"), so Retry-After uses the rate measured on the calls the server ran, not an assumed one.
 """
 
 from __future__ import annotations
