@@ -11,7 +11,9 @@ This file holds the paper's layers, top to bottom, as the paper describes them. 
 runs (padded or packed, which kernels, which buffers) is its execution plan, chosen once per call by
 `plans.choose_plan` from what the edge set (`optimize_for_inference`, `use_unpadded`, the Trainer, the
 device); the layers call it by name for the dense products (`plan.linear`, ...), the sums and
-attention (`plan.attention`, in attention.py). Called on their own, layers run `plans.REFERENCE`.
+attention (`plan.attention`, in attention.py), and `BertModel.forward` asks it how the last layer runs
+(in full, or at [CLS] or the output positions only: `Plan.last_rows`). Called on their own, layers run
+`plans.REFERENCE`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from .dropout import Dropout
 from .kernels import Linear, _autocasting, share_storage, stacked_parameter
 from .kernels import onednn_linear_op  # noqa: F401 (re-exported)
 from .packing import DEFAULT_ROW_BUCKET, Packing, bucket_size  # noqa: F401 (re-exported)
-from .plans import REFERENCE, Plan, choose_plan
+from .plans import REFERENCE, LastRows, Plan, choose_plan
+from .plans import gather_indexes  # noqa: F401 (re-exported)
 from .pretrained import PreTrainedBert
 
 
@@ -171,34 +174,17 @@ class TransformerLayer(nn.Module):
         attended, probs = self.attention(hidden_states, mask, output_attentions, plan)
         return self.output(self.intermediate(attended, plan), attended, plan), probs
 
-    def forward_first(self, hidden_states: torch.Tensor, mask: torch.Tensor | None,
-                      plan: Plan = REFERENCE) -> torch.Tensor:
-        """The layer's output at each example's first token ([CLS]) only, all that the pooler reads of the
-        last layer: hidden_states (B, S, H) -> (B, H). Keys and values still come from every token; the
-        query, output projection, feed-forward and norms run on one row per example instead of all of
-        them (`BertModel.forward`'s `cls_only`)."""
-        first = plan.first_rows(hidden_states)
-        context = plan.first_token_attention(self.attention.self, hidden_states, first, mask)
-        attended = self.attention.output(context, first, plan)
-        return self.output(self.intermediate(attended, plan), attended, plan)
-
-    def forward_rows(self, hidden_states: torch.Tensor, mask: torch.Tensor | None, rows: torch.Tensor,
+    def forward_rows(self, hidden_states: torch.Tensor, mask: torch.Tensor | None, rows: LastRows,
                      plan: Plan = REFERENCE) -> torch.Tensor:
-        """The layer's output at some of its tokens only: hidden_states (B, S, H) or the packed (T, H),
-        rows (N,) indexes of its tokens flattened to (B·S or T, H) (`plan.rows_at`) -> (N, H). Queries,
-        keys, values and attention run at every token; the attention's output projection, the
-        feed-forward and both norms, three quarters of the layer's work, at the N rows alone
-        (`BertModel.forward`'s output_positions)."""
-        context, _ = self.attention.self(hidden_states, mask, False, plan)
-        hidden = hidden_states.shape[-1]
-        attended = self.attention.output(context.reshape(-1, hidden)[rows], hidden_states.reshape(-1, hidden)[rows],
-                                         plan)
+        """The layer's output at some of its tokens only, those `rows` picks (`plans.choose_plan`: each
+        example's [CLS], or the output positions): hidden_states (B, S, H) or the packed (T, H) -> (N, H).
+        Keys and values come from every token, the query where `rows` says; the attention's output
+        projection, the feed-forward and both norms, three quarters of the layer's work, run at the N
+        rows alone (`BertModel.forward`'s cls_only and output_positions)."""
+        own = rows.take(plan, hidden_states)
+        context = rows.context(plan, self.attention.self, hidden_states, own, mask)
+        attended = self.attention.output(context, own, plan)
         return self.output(self.intermediate(attended, plan), attended, plan)
-
-
-def gather_indexes(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """sequence (B, S, H), positions (B, P) -> (B, P, H), as Google's `gather_indexes`."""
-    return sequence.gather(1, positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1]))
 
 
 class Encoder(nn.Module):
@@ -262,8 +248,8 @@ class BertModel(PreTrainedBert):
 
     def _last_layer_at_rows_ok(self) -> bool:
         """Whether the last layer may run at some of its tokens only (`forward`'s cls_only and
-        output_positions): a non-causal encoder whose last layer is this module's own TransformerLayer,
-        without hooks that would miss the call."""
+        output_positions; `plans.choose_plan` asks): a non-causal encoder whose last layer is this
+        module's own TransformerLayer, without hooks that would miss the call."""
         if self.config.is_causal or not len(self.encoder.layer):
             return False
         layer = self.encoder.layer[-1]
@@ -273,19 +259,6 @@ class BertModel(PreTrainedBert):
         return (type(layer) is TransformerLayer and type(layer.attention) is Attention
                 and isinstance(layer.attention.self, MultiHeadSelfAttention)
                 and not any(module._forward_hooks or module._forward_pre_hooks for module in layer.modules()))
-
-    def _last_layer_at(self, positions: torch.Tensor, last: TransformerLayer, hidden: torch.Tensor,
-                       plan: Plan) -> torch.Tensor:
-        """The last layer's outputs at positions (B, P) -> (B, P, H) (`TransformerLayer.forward_rows`), each
-        distinct row computed once (a batch's positions are padded to its longest row, so repeat) and, in
-        inference, their count bucketed as the packed length is (`packing.bucket_size`): few kernel shapes."""
-        rows, where = torch.unique(plan.rows_at(hidden, positions), return_inverse=True)
-        count = rows.shape[0]
-        filler = 0 if torch.is_grad_enabled() else bucket_size(count, self.unpad_row_bucket) - count
-        if filler:
-            rows = torch.cat([rows, rows[:1].expand(filler)])
-        out = last.forward_rows(hidden, plan.mask, rows, plan)[where]
-        return out.view(*positions.shape, out.shape[-1])
 
     def forward(
         self,
@@ -308,11 +281,11 @@ class BertModel(PreTrainedBert):
         without padding is packed too, so that its shapes are bucketed like every other batch's.
 
         `cls_only`: the caller reads only position 0 ([CLS]) of the last layer (the pooler, a sentence
-        classifier): the last layer then runs its query, output projection, feed-forward and norms on
-        that row alone (`TransformerLayer.forward_first`; keys and values still come from every token),
-        and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float rounding; on the
-        CPU inference plan the [CLS] rows go through `forward_rows` instead (`plans.Reference.first_token_as_rows`).
-        It is ignored where the plan cannot honour it (`plans.choose_plan`): the full last layer runs.
+        classifier): the last layer then runs its output projection, feed-forward and norms on that row
+        alone (`TransformerLayer.forward_rows`; keys and values still come from every token, the query
+        from [CLS] alone or from every token as the plan's kernels need: `plans.FirstTokens`,
+        `plans.RowsAt`), and last_hidden_state is (B, 1, H), equal to the full call's [CLS] row to float
+        rounding. It is ignored where the plan cannot honour it (`plans.choose_plan`): the full last layer runs.
 
         `output_positions` (B, P) int64: the caller reads only these positions of the last layer (a token
         classifier's first word pieces): last_hidden_state is (B, P, H), the full call's rows at those
@@ -320,39 +293,23 @@ class BertModel(PreTrainedBert):
         runs its output projection, feed-forward and norms at those rows alone
         (`TransformerLayer.forward_rows`), except with output_hidden_states or output_attentions or where
         the last layer cannot (`_last_layer_at_rows_ok`): the full layer then runs and its rows are
-        gathered. A padding position's row is unspecified. Not with cls_only.
+        gathered. A padding position's row is unspecified. Not with cls_only (ValueError).
         """
-        if output_positions is not None:
-            if cls_only:
-                raise ValueError("cls_only and output_positions ask for different rows of the last layer: give one")
-            if output_positions.dim() != 2 or output_positions.shape[0] != input_ids.shape[0]:
-                raise ValueError(f"output_positions must be (batch, P) with batch {input_ids.shape[0]} as input_ids, "
-                                 f"got shape {tuple(output_positions.shape)}")
-        plan = choose_plan(self, input_ids, attention_mask, unpad, output_hidden_states, output_attentions, cls_only)
+        plan = choose_plan(self, input_ids, attention_mask, unpad, output_hidden_states, output_attentions, cls_only,
+                           output_positions)
         hidden = self.embeddings(*plan.embedding_inputs(input_ids, token_type_ids), plan=plan)
         all_hidden = [plan.unpack(hidden)] if output_hidden_states else None
-        all_attentions = [] if output_attentions else None
-        layers = list(self.encoder.layer)
-        positions = output_positions
-        if plan.cls_only and plan.first_token_as_rows:  # [CLS] as one row per example (plans.Reference says why)
-            positions = input_ids.new_zeros(input_ids.shape[0], 1)
-        at_rows = (positions is not None and not (output_hidden_states or output_attentions)
-                   and self._last_layer_at_rows_ok())
-        last = layers.pop() if plan.cls_only or at_rows else None  # run at [CLS] or the positions only, below
+        all_attentions = []  # each layer's probabilities: None unless output_attentions
+        layers, last = plan.split_last(self.encoder.layer)  # last: to run at the plan's rows only, below
         for layer in layers:
             hidden, probs = layer(hidden, plan.mask, output_attentions, plan)
+            all_attentions.append(probs)
             if output_hidden_states:
                 all_hidden.append(plan.unpack(hidden))
-            if output_attentions:
-                all_attentions.append(probs)
-        if at_rows:
-            sequence = self._last_layer_at(positions, last, hidden, plan)  # (B, P, H); (B, 1, H) for cls_only
-        elif last is not None:
-            sequence = plan.first_token_output(last.forward_first(hidden, plan.mask, plan))  # (B, 1, H)
-        else:
-            sequence = all_hidden[-1] if output_hidden_states else plan.unpack(hidden)
-            if output_positions is not None:
-                sequence = gather_indexes(sequence, output_positions)
+        if last is None:  # every layer in full: the rows the call asked for (all, or output_positions')
+            sequence = plan.gather(all_hidden[-1] if output_hidden_states else plan.unpack(hidden))
+        else:  # (B, P, H) at the output positions; (B, 1, H) for cls_only
+            sequence = plan.last_layer(last, hidden)
         return EncoderOutput(
             last_hidden_state=sequence,
             pooler_output=self.pooler(sequence) if self.pooler is not None and output_positions is None else None,

@@ -5,10 +5,12 @@ what differs between the ways to run them:
 
 - the dense products: `linear(module, x, key)`, `linear_activation(module, x, hidden_act)`,
   `project_qkv(attention, x)`, and `add(x, other, *sources)` (the residual and embedding sums);
-- attention: `attention(qkv, mask, num_heads, dropout_p, output_attentions)`, and for a [CLS]-only last
-  layer `first_rows(hidden)` and `first_token_attention(attention, hidden, first, mask)`;
-- the layout in and out: `embedding_inputs(...)`, `unpack(hidden)`, `first_token_output(rows)`, and for
-  a last layer run at chosen positions only `rows_at(hidden, positions)`.
+- attention: `attention(qkv, mask, num_heads, dropout_p, output_attentions)`;
+- the layout in and out: `embedding_inputs(...)`, `unpack(hidden)`, `gather(sequence)` (the call's
+  output_positions of a full last layer);
+- the last layer: in full, or at some of its rows only (`last_rows`, a `LastRows`: [CLS] with its
+  query there alone, `FirstTokens`; or given rows after full attention, `RowsAt`, from `rows_at`), which
+  `split_last(layers)` and `last_layer(layer, hidden)` run through `TransformerLayer.forward_rows`.
 
 Dropout is the layers' own `Dropout` modules (dropout.py: a cheaper mask on CPU, `F.dropout` elsewhere).
 
@@ -25,10 +27,11 @@ A plan is a layout and a set of product kernels:
   on CPU with the encoder's own, unhooked modules: projections into a reused `kernels.Workspace` and
   oneDNN's packed weights (`kernels.PackedWeight`, set by `optimize_for_inference`).
 
-`choose_plan` is the one place that decides, from the call (unpad, output_attentions, cls_only), the
-autograd, autocast and hook state, the device, and what the edge set on the model: `unpad`
-(`use_unpadded`, `optimize_for_inference`, the finetune CLI), `unpad_row_bucket` (`optimize_for_inference`,
-the Trainer through `BertModel.prepare_cpu_training`) and the packed weights.
+`choose_plan` is the one place that decides, from the call (unpad, output_attentions, output_hidden_states,
+cls_only, output_positions), the autograd, autocast and hook state, the device, and what the edge set on
+the model: `unpad` (`use_unpadded`, `optimize_for_inference`, the finetune CLI), `unpad_row_bucket`
+(`optimize_for_inference`, the Trainer through `BertModel.prepare_cpu_training`) and the packed weights.
+That includes how the last layer runs: in full, at [CLS] only, or at given rows (bucketed in inference).
 """
 
 from __future__ import annotations
@@ -41,10 +44,10 @@ from .attention import (attention_mask_for, first_token_attention, packed_attent
                         varlen_applies, varlen_attention)
 from .kernels import (Workspace, activation, fused_linear_activation, inplace_activation, linear,
                       may_overwrite_output, project, stacked_parameter)
-from .packing import Packing, host_copy
+from .packing import Packing, bucket_size, host_copy
 
-__all__ = ["CpuInference", "InPlace", "PackedPlan", "PaddedPlan", "Plan", "REFERENCE", "Reference", "VarlenPlan",
-           "choose_plan"]
+__all__ = ["CpuInference", "FirstTokens", "InPlace", "LastRows", "PackedPlan", "PaddedPlan", "Plan", "REFERENCE",
+           "Reference", "RowsAt", "VarlenPlan", "choose_plan", "gather_indexes"]
 
 
 class Reference:
@@ -52,9 +55,8 @@ class Reference:
     the stacked Q, K, V weights), each sum a fresh tensor."""
 
     workspace: Workspace | None = None
-    # Whether a [CLS]-only last layer runs as rows of `TransformerLayer.forward_rows` (full attention, the
-    # rest at the [CLS] rows) rather than `forward_first`'s one query per example: `CpuInference`'s kernels
-    # take rows only.
+    # Whether a [CLS]-only last layer runs at the [CLS] rows as `RowsAt` (full attention, the rest at those
+    # rows) rather than `FirstTokens` (one query per example): `CpuInference`'s kernels take rows only.
     first_token_as_rows = False
 
     def linear(self, module: nn.Module, x: torch.Tensor, key: str) -> torch.Tensor:
@@ -136,10 +138,13 @@ REFERENCE_PRODUCTS, IN_PLACE = Reference(), InPlace()
 
 class Plan:
     """A layout with its products' methods bound once per forward pass. `mask`: what the layers pass to
-    attention; `cls_only`: the last layer runs at each example's first token only."""
+    attention; `cls_only`: the last layer runs at each example's first token only; `last_rows`: where
+    the last layer runs (None: in full); `positions`: the output_positions gathered from a full last layer."""
 
     mask: torch.Tensor | None = None
     packing: Packing | None = None
+    last_rows: LastRows | None = None
+    positions: torch.Tensor | None = None
 
     def __init__(self, products: Reference, cls_only: bool = False) -> None:
         self.linear, self.linear_activation = products.linear, products.linear_activation
@@ -147,21 +152,29 @@ class Plan:
         self.cls_only = cls_only
         self.first_token_as_rows = products.first_token_as_rows  # see Reference
 
-    def first_token_attention(self, attention: nn.Module, hidden_states: torch.Tensor, first: torch.Tensor,
-                              mask: torch.Tensor | None) -> torch.Tensor:
-        """The context at each example's first token only (`attention.first_token_attention`): keys and
-        values projected for every token, the query for the first tokens `first` (N, H) only (for int8's
-        one quantized (3H, H) module, every row's)."""
-        hidden = hidden_states.shape[-1]
-        if attention.qkv is not None:
-            qkv = attention.qkv(hidden_states)
-            query, key_value = self.first_rows(qkv)[:, :hidden], qkv[..., hidden:]
-        else:
-            pair = (attention.key, attention.value)
-            query = F.linear(first, attention.query.weight, attention.query.bias)
-            key_value = F.linear(hidden_states, stacked_parameter(pair, "weight"), stacked_parameter(pair, "bias"))
-        dropout_p = attention.dropout_p if attention.training else 0.0
-        return first_token_attention(query, key_value, self.packing, attention.num_heads, dropout_p, mask)
+    def split_last(self, layers: nn.ModuleList) -> tuple[list[nn.Module], nn.Module | None]:
+        """The layers to run in full, and the last one where it runs at `last_rows` only (else None)."""
+        layers = list(layers)
+        return (layers, None) if self.last_rows is None else (layers[:-1], layers[-1])
+
+    def last_layer(self, layer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        """The last layer at `last_rows` only (`TransformerLayer.forward_rows`) -> (B, P, H): (B, 1, H) for [CLS]."""
+        return self.last_rows.output(self, layer.forward_rows(hidden, self.mask, self.last_rows, self))
+
+    def gather(self, sequence: torch.Tensor) -> torch.Tensor:
+        """A full last layer's (B, S, H) -> the rows the call asked for: (B, P, H) at `positions`, if any."""
+        return sequence if self.positions is None else gather_indexes(sequence, self.positions)
+
+    def rows_at(self, positions: torch.Tensor, seq_length: int, row_bucket: int) -> RowsAt:
+        """The last layer at positions (B, P) of the padded batch: each distinct row of the layout once (a
+        batch's positions are padded to its longest row, so repeat) and, in inference, their count
+        bucketed as the packed length is (`packing.bucket_size`, step `row_bucket`): few kernel shapes."""
+        rows, where = torch.unique(self._flat_rows(positions, seq_length), return_inverse=True)
+        count = rows.shape[0]
+        filler = 0 if torch.is_grad_enabled() else bucket_size(count, row_bucket) - count
+        if filler:
+            rows = torch.cat([rows, rows[:1].expand(filler)])
+        return RowsAt(rows, where, tuple(positions.shape))
 
 
 class PaddedPlan(Plan):
@@ -187,10 +200,10 @@ class PaddedPlan(Plan):
     def first_token_output(self, rows: torch.Tensor) -> torch.Tensor:
         return rows[:, None]
 
-    def rows_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _flat_rows(self, positions: torch.Tensor, seq_length: int) -> torch.Tensor:
         """positions (B, P) -> (B·P,) rows of hidden (B, S, H) flattened to (B·S, H)."""
-        batch, seq_length = hidden.shape[:2]
-        return (positions + torch.arange(batch, device=positions.device)[:, None] * seq_length).reshape(-1)
+        starts = torch.arange(positions.shape[0], device=positions.device)[:, None] * seq_length
+        return (positions + starts).reshape(-1)
 
 
 class PackedPlan(Plan):
@@ -218,7 +231,7 @@ class PackedPlan(Plan):
     def first_token_output(self, rows: torch.Tensor) -> torch.Tensor:
         return self.packing.batch_order(rows)[:, None]
 
-    def rows_at(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def _flat_rows(self, positions: torch.Tensor, seq_length: int) -> torch.Tensor:
         """positions (B, P) of the padded batch -> (B·P,) rows of the packed hidden (T, H)."""
         return self.packing.rows_of(positions)
 
@@ -237,23 +250,104 @@ class VarlenPlan(PackedPlan):
         return super().attention(qkv, mask, num_heads, dropout_p, output_attentions)
 
 
+class LastRows:
+    """Which rows of the last layer run, and how their attention is computed (`choose_plan` picks one:
+    `Plan.last_rows`). `take`: those rows of a (B, S, H) or packed (T, H) tensor -> (N, H); `context`:
+    the attention's context at them, keys and values from every token; `output`: the layer's (N, H)
+    rows as the call's (B, P, H). Each takes the plan (none keeps one: its buffers are freed with it)."""
+
+    def take(self, plan: Plan, hidden: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def context(self, plan: Plan, attention: nn.Module, hidden: torch.Tensor, rows: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def output(self, plan: Plan, rows: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class FirstTokens(LastRows):
+    """Each example's first token ([CLS]), its query projected and attending there alone: one query per
+    example (`attention.first_token_attention`). The [CLS]-only last layer of `Reference` and `InPlace`."""
+
+    def take(self, plan: Plan, hidden: torch.Tensor) -> torch.Tensor:
+        return plan.first_rows(hidden)
+
+    def context(self, plan: Plan, attention: nn.Module, hidden: torch.Tensor, rows: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """Keys and values projected for every token, the query for the first tokens `rows` (N, H) only
+        (for int8's one quantized (3H, H) module, every row's)."""
+        width = hidden.shape[-1]
+        if attention.qkv is not None:
+            qkv = attention.qkv(hidden)
+            query, key_value = plan.first_rows(qkv)[:, :width], qkv[..., width:]
+        else:
+            pair = (attention.key, attention.value)
+            query = F.linear(rows, attention.query.weight, attention.query.bias)
+            key_value = F.linear(hidden, stacked_parameter(pair, "weight"), stacked_parameter(pair, "bias"))
+        dropout_p = attention.dropout_p if attention.training else 0.0
+        return first_token_attention(query, key_value, plan.packing, attention.num_heads, dropout_p, mask)
+
+    def output(self, plan: Plan, rows: torch.Tensor) -> torch.Tensor:
+        return plan.first_token_output(rows)
+
+
+class RowsAt(LastRows):
+    """Rows (N,) of the layout flattened to (B·S or T, H) (`Plan.rows_at`), every query attending and the
+    context then taken at them: output_positions on every plan, and [CLS] (position 0) on `CpuInference`,
+    whose kernels take rows only. `where` (B·P,) puts the N rows back as (B, P, H), `shape` = (B, P)."""
+
+    def __init__(self, rows: torch.Tensor, where: torch.Tensor, shape: tuple[int, int]) -> None:
+        self.rows, self.where, self.shape = rows, where, shape
+
+    def take(self, plan: Plan, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.reshape(-1, hidden.shape[-1])[self.rows]
+
+    def context(self, plan: Plan, attention: nn.Module, hidden: torch.Tensor, rows: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        return self.take(plan, attention(hidden, mask, False, plan)[0])
+
+    def output(self, plan: Plan, rows: torch.Tensor) -> torch.Tensor:
+        return rows[self.where].view(*self.shape, rows.shape[-1])
+
+
+FIRST_TOKENS = FirstTokens()
+
+
+def gather_indexes(sequence: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """sequence (B, S, H), positions (B, P) -> (B, P, H), as Google's `gather_indexes`."""
+    return sequence.gather(1, positions.unsqueeze(-1).expand(-1, -1, sequence.shape[-1]))
+
+
 # What a layer called on its own runs: padded, every product a module call.
 REFERENCE = PaddedPlan(REFERENCE_PRODUCTS)
 
 
 def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                unpad: bool | None, output_hidden_states: bool, output_attentions: bool, cls_only: bool) -> Plan:
+                unpad: bool | None, output_hidden_states: bool, output_attentions: bool, cls_only: bool,
+                output_positions: torch.Tensor | None = None) -> Plan:
     """The plan of one `BertModel.forward` call (its docstring says what each argument asks for).
 
     Packed when `unpad` (default: the model's attribute) and the batch has padding, or, in inference
     with row buckets, always (a batch without padding then lands on a bucket too); padded with
     output_attentions, without a mask, or when nothing is padding. The products: `CpuInference` where
     `model._inference_fast_path`, `InPlace` in other inference, else `Reference`. Keys past the last
-    real one are cut on the CPU inference path (finding it costs no device sync there). [CLS]-only where
-    the model's last layer allows it (`model._last_layer_at_rows_ok`), on `CpuInference` as rows
-    (`Reference.first_token_as_rows`), and on the packed layout only when every example's position 0 is real.
-    On CUDA the packed layout is `VarlenPlan`; the mask is read on the host (`packing.host_copy`).
+    real one are cut on the CPU inference path (finding it costs no device sync there). On CUDA the
+    packed layout is `VarlenPlan`; the mask is read on the host (`packing.host_copy`).
+
+    The last layer (`Plan.last_rows`) runs at some rows only where the call reads only those (cls_only,
+    output_positions), asks for no hidden states or attentions, and the model's last layer allows it
+    (`model._last_layer_at_rows_ok`); else in full, output_positions then gathered (`Plan.gather`).
+    [CLS]-only: `FirstTokens`, or on `CpuInference` position 0 as `RowsAt` (`Reference.first_token_as_rows`);
+    on the packed layout only when every example's position 0 is real. output_positions: `RowsAt`.
     """
+    if output_positions is not None:
+        if cls_only:
+            raise ValueError("cls_only and output_positions ask for different rows of the last layer: give one")
+        if output_positions.dim() != 2 or output_positions.shape[0] != input_ids.shape[0]:
+            raise ValueError(f"output_positions must be (batch, P) with batch {input_ids.shape[0]} as input_ids, "
+                             f"got shape {tuple(output_positions.shape)}")
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be (batch, seq_length), got shape {tuple(input_ids.shape)}")
     if unpad is None:
@@ -262,7 +356,23 @@ def choose_plan(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch
         raise TypeError(f"unpad must be True, False or None (the model's default), got {unpad!r}")
     fast = model._inference_fast_path(input_ids)
     products = CpuInference() if fast else IN_PLACE if may_overwrite_output() else REFERENCE_PRODUCTS
-    cls_only = cls_only and not (output_hidden_states or output_attentions) and model._last_layer_at_rows_ok()
+    at_rows = ((cls_only or output_positions is not None) and not (output_hidden_states or output_attentions)
+               and model._last_layer_at_rows_ok())
+    plan = _layout(model, input_ids, attention_mask, unpad, output_attentions, products, fast, cls_only and at_rows)
+    if plan.cls_only and plan.first_token_as_rows:  # [CLS] as row 0 of each example (Reference says why)
+        output_positions = input_ids.new_zeros(input_ids.shape[0], 1)
+    if at_rows and output_positions is not None:
+        plan.last_rows = plan.rows_at(output_positions, input_ids.shape[1], model.unpad_row_bucket)
+    elif plan.cls_only:
+        plan.last_rows = FIRST_TOKENS
+    else:
+        plan.positions = output_positions
+    return plan
+
+
+def _layout(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, unpad: bool,
+            output_attentions: bool, products: Reference, fast: bool, cls_only: bool) -> Plan:
+    """`choose_plan`'s layout: packed, varlen or padded, with its mask or `Packing` (choose_plan says when)."""
     pack_always = bool(model.unpad_row_bucket) and not torch.is_grad_enabled()
     if unpad and not output_attentions and (attention_mask is not None or pack_always):
         if attention_mask is None:

@@ -21,8 +21,8 @@ from bertforge.modeling import BertConfig, BertForSequenceClassification, BertMo
 from bertforge.modeling.attention import (_padded_attention, attend, first_token_attention, packed_attention,
                                           padded_attention, varlen_applies)
 from bertforge.modeling.packing import HOST_COPY, Packing, bucket_size, host_copy, keep_host_copy
-from bertforge.modeling.plans import (REFERENCE, REFERENCE_PRODUCTS, CpuInference, InPlace, PackedPlan, PaddedPlan,
-                                      Reference, VarlenPlan, choose_plan)
+from bertforge.modeling.plans import (REFERENCE, REFERENCE_PRODUCTS, CpuInference, FirstTokens, InPlace, PackedPlan,
+                                      PaddedPlan, Reference, RowsAt, VarlenPlan, choose_plan)
 
 TOL = 1e-5
 
@@ -125,7 +125,7 @@ def test_every_inference_plan_gives_the_reference_outputs(products, unpad, row_b
     out = run(encoder, inputs, products, unpad)
     assert max_diff(out.last_hidden_state[real], reference.last_hidden_state[real]) <= TOL
     assert max_diff(out.pooler_output, reference.pooler_output) <= TOL
-    # [CLS] only: the last layer at one row per example (InPlace: forward_first; CpuInference: forward_rows)
+    # [CLS] only: the last layer at one row per example (InPlace: FirstTokens; CpuInference: RowsAt at position 0)
     first = run(encoder, inputs, products, unpad, cls_only=True)
     assert first.last_hidden_state.shape[1] == 1
     assert max_diff(first.last_hidden_state[:, 0], reference.last_hidden_state[:, 0]) <= TOL
@@ -225,6 +225,35 @@ def test_output_positions_run_the_last_layer_at_those_rows_only(products, unpad,
         encoder(**inputs, cls_only=True, output_positions=positions)
     with pytest.raises(ValueError, match=r"output_positions must be \(batch, P\).*got shape \(3, 2\)"):
         encoder(**inputs, output_positions=positions[:3, :2])
+
+
+def test_the_plan_decides_how_the_last_layer_runs():
+    """`choose_plan` alone decides the last layer: in full (output_positions then gathered), at [CLS] with
+    one query per example (`FirstTokens`) or, on CPU inference, as row 0 of each example (`RowsAt`), or
+    at the output positions, each distinct row once and bucketed in inference."""
+    encoder, inputs = model(), batch()
+    positions = word_positions(inputs)
+    batch_size, seq_length = inputs["input_ids"].shape
+
+    def last(unpad=False, output_hidden_states=False, cls_only=False, output_positions=None):
+        return choose_plan(encoder, inputs["input_ids"], inputs["attention_mask"], unpad, output_hidden_states,
+                           False, cls_only, output_positions)
+
+    assert last().last_rows is None and last().positions is None
+    assert isinstance(last(cls_only=True).last_rows, FirstTokens)  # autograd: Reference's products
+    assert last(cls_only=True, output_hidden_states=True).last_rows is None
+    at_rows = last(unpad=True, output_positions=positions)
+    distinct = len({(row, position) for row, chosen in enumerate(positions.tolist()) for position in chosen})
+    assert isinstance(at_rows.last_rows, RowsAt) and at_rows.last_rows.rows.shape == (distinct,)
+    full = last(output_positions=positions, output_hidden_states=True)
+    assert full.last_rows is None and full.positions is positions
+    with torch.no_grad():  # CPU inference: [CLS] as row 0 of each example, their count bucketed
+        first = last(cls_only=True).last_rows
+        assert isinstance(first, RowsAt) and first.rows.tolist() == [row * seq_length for row in range(batch_size)]
+        encoder.unpad_row_bucket = 16
+        assert last(unpad=True, cls_only=True).last_rows.rows.shape == (bucket_size(batch_size, 16),)
+    with pytest.raises(ValueError, match="cls_only and output_positions"):
+        last(cls_only=True, output_positions=positions)
 
 
 def test_output_positions_give_the_full_calls_gradients():
