@@ -85,4 +85,18 @@ class HiddenStatesGraph(nn.Module):
         return (torch.stack(out.hidden_states[1:], dim=1),)
 
 
-__all__ = ["ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LogitsGraph", "SpanGraph", "WordLogitsGraph"]
+class LastHiddenStateGraph(nn.Module):
+    """The last encoder layer's output alone, as (B, 1, S, H): what `embed` reads by default. Beside
+    `HiddenStatesGraph` on PyTorch only, so that the default call neither re-pads every layer's packed
+    output nor stacks and copies them (the exported graph stays the general one)."""
+
+    def __init__(self, model: BertModel):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        return (self.model(input_ids, token_type_ids, attention_mask).last_hidden_state[:, None],)
+
+
+__all__ = ["ChoiceGraph", "FillMaskGraph", "HiddenStatesGraph", "LastHiddenStateGraph", "LogitsGraph", "SpanGraph",
+           "WordLogitsGraph"]

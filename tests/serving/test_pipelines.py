@@ -172,6 +172,27 @@ def test_embed_pooling_and_layers(tiny_dirs):
         pipe(["x"], pooling="max")
 
 
+def test_embed_default_call_runs_the_last_layer_graph(tiny_dirs):
+    """The default call (the last layer) runs `LastHiddenStateGraph`, any other layer choice the general
+    graph; both give the general graph's vectors (the ONNX backend has only that one)."""
+    pipe = pipeline("embed", model=tiny_dirs["embed"])
+    assert pipe.runner_for() is pipe.last_layer_runner is not None
+    assert pipe.runner_for(layers=[-1, 0]) is pipe.runner and pipe.runner_for(layers=[0]) is pipe.runner
+    last_index = pipe.config.num_hidden_layers - 1
+    assert pipe.runner_for(layers=[last_index]) is pipe.last_layer_runner
+    features = pipe.preprocess(SENTENCES)
+    general = pipe.postprocess((SENTENCES,), features, pipe.run(features, 2, pipe.runner))
+    np.testing.assert_allclose(pipe(SENTENCES, batch_size=2), general, atol=1e-6)
+    both = pipe(SENTENCES, layers=[0, -1], batch_size=2)
+    np.testing.assert_allclose(both[:, 32:], general, atol=1e-6)
+    calls = []
+    counted = pipeline("embed", model=tiny_dirs["embed"], runner=lambda batch: calls.append(batch) or
+                       pipe.runner(batch))
+    assert counted.last_layer_runner is None and counted.runner_for() is counted.runner
+    np.testing.assert_allclose(counted(SENTENCES, batch_size=2), general, atol=1e-6)
+    assert len(calls) == (len(SENTENCES) + 1) // 2
+
+
 def test_windows_and_max_context():
     assert windows(5, 10, 3) == [(0, 5)]
     assert windows(10, 4, 2) == [(0, 4), (2, 6), (4, 8), (6, 10)]

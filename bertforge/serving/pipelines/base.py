@@ -339,12 +339,13 @@ class Pipeline:
         features = self.preprocess(*inputs, **options)
         count = len(inputs[0]) if inputs else 0
         chunk = count if self.chunk_batches is None else batch_size * self.chunk_batches
+        runner = self.runner_for(**options)
         if count <= chunk:
-            return self.postprocess(inputs, features, self.run(features, batch_size), **options)
-        return self._call_in_chunks(inputs, features, chunk, batch_size, options)
+            return self.postprocess(inputs, features, self.run(features, batch_size, runner), **options)
+        return self._call_in_chunks(inputs, features, chunk, batch_size, options, runner)
 
     def _call_in_chunks(self, inputs: tuple, features: list[Feature], chunk: int, batch_size: int,
-                        options: dict[str, Any]) -> Any:
+                        options: dict[str, Any], runner: Runner | None = None) -> Any:
         """`__call__`'s results, `chunk` inputs at a time: each chunk's features (renumbered from 0 within it)
         are run and postprocessed with the chunk's inputs and per-input options (`optional_request_inputs`,
         e.g. text_pairs), then dropped; the chunks' results are joined (lists, or arrays row-wise)."""
@@ -362,7 +363,7 @@ class Pipeline:
             part_inputs = tuple(value[start:start + chunk] for value in inputs)
             part_options = {name: (value[start:start + chunk] if name in self.optional_request_inputs
                                    and value is not None else value) for name, value in options.items()}
-            parts.append(self.postprocess(part_inputs, mine, self.run(mine, batch_size), **part_options))
+            parts.append(self.postprocess(part_inputs, mine, self.run(mine, batch_size, runner), **part_options))
             of_chunk[number] = []  # this chunk's features and outputs are no longer held
         if all(isinstance(part, np.ndarray) for part in parts):
             return np.concatenate(parts)
@@ -378,10 +379,17 @@ class Pipeline:
     # waiting request there, so that it waits for one forward batch, not for a whole large call.
     between_batches: Callable[[], None] | None = None
 
-    def run(self, features: Sequence[Feature], batch_size: int) -> list[dict[str, np.ndarray]]:
+    def runner_for(self, **options: Any) -> Runner:
+        """The runner of a call with these (checked) options: `runner`, the one graph, unless a pipeline has
+        a cheaper graph for some options (embed's last layer alone)."""
+        return self.runner
+
+    def run(self, features: Sequence[Feature], batch_size: int,
+            runner: Runner | None = None) -> list[dict[str, np.ndarray]]:
         """Each feature's outputs (its row of every output), running shortest-first batches so that
         a batch pads to similar lengths; each batch at most `batch_size` rows and, when set,
-        `max_batch_tokens` padded tokens (but at least one row)."""
+        `max_batch_tokens` padded tokens (but at least one row). `runner`: default `self.runner`."""
+        runner = self.runner if runner is None else runner
         results: list[dict[str, np.ndarray]] = [{} for _ in features]
         order = sorted(range(len(features)), key=lambda i: len(features[i].input_ids))
         start = 0
@@ -393,7 +401,7 @@ class Pipeline:
                     break
                 end -= 1
             indexes = order[start:end]
-            outputs = self.runner(self.collate([features[i] for i in indexes]))
+            outputs = runner(self.collate([features[i] for i in indexes]))
             for row, index in enumerate(indexes):
                 results[index] = {name: value[row] for name, value in outputs.items()}
             start = end

@@ -15,8 +15,9 @@ import numpy as np
 
 from ...modeling import BertModel
 from ...tasks.sentence_embedding import CONFIG_KEY, SentencePooling, read_pooling
-from ..graphs import HiddenStatesGraph
+from ..graphs import HiddenStatesGraph, LastHiddenStateGraph
 from ..registry import register_pipeline
+from ..runner import Runner, TorchRunner
 from .base import Feature, Pipeline, PipelineInputError, check_texts, word_count
 
 
@@ -49,6 +50,12 @@ class EmbedPipeline(Pipeline):
             max_length = declared.max_seq_length  # sentence-transformers' truncation
         super().__init__(model, *args, max_length=max_length, **kwargs)
         self.declared: SentencePooling | None = declared
+        # The default call reads the last layer only: on PyTorch it runs a graph that returns that layer
+        # alone (`runner_for`); ONNX and a caller's runner run the general graph for every call.
+        self.last_layer_runner: Runner | None = None
+        if isinstance(self.runner, TorchRunner) and isinstance(self.runner.graph, HiddenStatesGraph):
+            self.last_layer_runner = TorchRunner(LastHiddenStateGraph(self.runner.graph.model), self.input_names,
+                                                 self.output_names, self.device)
 
     @classmethod
     def build_graph(cls, model):
@@ -73,6 +80,12 @@ class EmbedPipeline(Pipeline):
     def check_options(self, pooling: str | None = None, normalize: bool | None = None, **options: Any) -> None:
         self._settings(pooling, normalize)
 
+    def runner_for(self, layers: Sequence[int] | int = (-1,), **options: Any) -> Runner:
+        last = [self.config.num_hidden_layers - 1]
+        if self.last_layer_runner is not None and self._layer_indexes(layers) == last:
+            return self.last_layer_runner
+        return self.runner
+
     def preprocess(self, texts, text_pairs=None, pooling=None, layers=(-1,), normalize=None):
         self._settings(pooling, normalize)
         self._layer_indexes(layers)
@@ -93,12 +106,16 @@ class EmbedPipeline(Pipeline):
 
     def pooled(self, features: Sequence[Feature], outputs: Sequence[dict[str, np.ndarray]], count: int,
                pooling: str, layers: Sequence[int] = (-1,), normalize: bool = False) -> np.ndarray:
-        """(count, H x layers) float32: each feature's pooled vector at row `feature.example`."""
+        """(count, H x layers) float32: each feature's pooled vector at row `feature.example`. Its output
+        holds every layer (`HiddenStatesGraph`) or exactly the asked ones (`LastHiddenStateGraph`)."""
         indexes = self._layer_indexes(layers)
         hidden = self.config.hidden_size
         vectors = np.zeros((count, hidden * len(indexes)), dtype=np.float32)
         for feature, output in zip(features, outputs):
-            states = output["hidden_states"][indexes, :len(feature.input_ids)]  # (layers, S, H)
+            states = output["hidden_states"]
+            if states.shape[0] != len(indexes) or len(indexes) == self.config.num_hidden_layers:
+                states = states[indexes]
+            states = states[:, :len(feature.input_ids)]  # (layers, S, H)
             pooled = states[:, 0] if pooling == "cls" else states.mean(axis=1)
             vectors[feature.example] = pooled.reshape(-1)
         if normalize:
