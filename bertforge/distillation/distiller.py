@@ -228,7 +228,8 @@ def general_distill_task(run: DistillRun, adaptor_class: type[Adaptor]) -> Finet
 
     def build_model():
         model, made["student"] = build_student(teacher, layers=run.layers, student=run.student,
-                                               head_overrides=adaptor.head_overrides)
+                                               head_overrides=adaptor.head_overrides,
+                                               keep_last=run.family.distill.keep_last_layer)
         adaptor.after_build(model)
         trained, made["transfer"] = with_intermediate(model, run.config, run.intermediate, run.layer_map)
         return trained

@@ -71,15 +71,17 @@ def parse_layer_map(text: str, student_layers: int, teacher_layers: int) -> list
     return layer_map
 
 
-def layer_map_for(teacher: BertConfig, layers: int | None, student: str | None, text: str | None) -> list[int]:
+def layer_map_for(teacher: BertConfig, layers: int | None, student: str | None, text: str | None,
+                  keep_last: bool = False) -> list[int]:
     """The layer map of a student (`--layers` / `--student`, as `student.build_student` takes them):
     `--layer-map` when given; else, for the teacher's own layers (--layers N, or the default), the
-    teacher layers the student started from (`student.student_layers`); else TinyBERT's uniform map."""
+    teacher layers the student started from (`student.student_layers`, `keep_last` as the family's);
+    else TinyBERT's uniform map."""
     count = student_config(teacher, layers, student).num_hidden_layers
     if text is not None:
         return parse_layer_map(text, count, teacher.num_hidden_layers)
     if student is None:
-        return student_layers(teacher.num_hidden_layers, count)
+        return student_layers(teacher.num_hidden_layers, count, keep_last)
     return uniform_layer_map(teacher.num_hidden_layers, count)
 
 

@@ -111,7 +111,7 @@ def check_options(teacher_dir: str | os.PathLike, family: TaskFamily, config: Be
                          "states and attention maps do not pair position by position")
     kinds = parse_intermediate(intermediate)
     IntermediateTransfer(student_config(config, layers, student), config, kinds,
-                         layer_map_for(config, layers, student, layer_map))
+                         layer_map_for(config, layers, student, layer_map, family.distill.keep_last_layer))
 
 
 def _why_one_vocabulary(family: TaskFamily) -> str:
@@ -203,7 +203,8 @@ def distill_task(teacher_dir: str | os.PathLike, train_file: str | os.PathLike, 
         dev_file=dev_file, unlabeled=unlabeled, layers=layers, student=student, temperature=temperature,
         alpha=alpha, max_seq_length=max_seq_length, eval_batch_size=eval_batch_size, labels_only=labels_only,
         device=device, intermediate=parse_intermediate(intermediate) if intermediate is not None else (),
-        layer_map=layer_map_for(config, layers, student, layer_map) if intermediate is not None else None,
+        layer_map=layer_map_for(config, layers, student, layer_map, family.distill.keep_last_layer)
+        if intermediate is not None else None,
         intermediate_weight=intermediate_weight, student_vocab=student_vocab, augment=augment,
         augment_seed=augment_seed, augment_mlm=augment_mlm, options=dict(options))
     return general_distill_task(run, adaptor_for(family))

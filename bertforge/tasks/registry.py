@@ -123,6 +123,9 @@ class Distillation:
         problem_type) is a teacher when its `head_tensors` are in its weights: transformers saves a
         fine-tuned token-classification or question-answering model so, while its sequence classifier
         records a problem_type on its first labelled step (one without is a head never trained).
+    keep_last_layer: a `--layers N` student keeps the teacher's last layer (the first and the last, the
+        rest evenly between: `distillation.student.student_layers`), for a family whose output is the last
+        layer's space itself (a bi-encoder's embedding); else DistilBERT's one layer out of two from the first.
     """
 
     adaptor: str
@@ -133,6 +136,7 @@ class Distillation:
     student_vocab: bool = False
     augment: bool = False
     head_proves_training: bool = False
+    keep_last_layer: bool = False
 
     def recipe_of(self, config: BertConfig, options: dict[str, Any] | None = None) -> dict[str, Any]:
         """The shared flags' defaults for the teacher whose config this is (resolved once per run)."""
@@ -298,7 +302,7 @@ FAMILIES: tuple[TaskFamily, ...] = (
         predict=PredictCommand(sentence_embedding.predict_from_args, sentence_embedding.add_predict_flags),
         pipeline="embed", finetuning_tasks=(sentence_embedding.TASK_NAME,),
         distill=Distillation("bertforge.distillation.sentence_embedding:SentenceEmbeddingAdaptor", (),
-                             sentence_embedding.DISTILL_RECIPE),
+                             sentence_embedding.DISTILL_RECIPE, keep_last_layer=True),
     ),
 )
 """The families bertforge ships; `register_family` adds more at run time (`TASKS` holds them all)."""

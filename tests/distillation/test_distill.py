@@ -120,6 +120,10 @@ def test_soft_target_loss_equals_a_hand_computation():
 def test_student_layers_are_evenly_spaced_from_the_first():
     assert student_layers(12, 6) == [0, 2, 4, 6, 8, 10]  # DistilBERT's one layer out of two
     assert student_layers(6, 3) == [0, 2, 4]
+    # a family whose output is the last layer's space (a bi-encoder) keeps the first and the last layer
+    assert student_layers(6, 3, keep_last=True) == [0, 3, 5] and student_layers(12, 6, keep_last=True) == [0, 2, 4, 7, 9, 11]
+    assert student_layers(6, 1, keep_last=True) == [5] and student_layers(6, 6, keep_last=True) == list(range(6))
+    assert student_layers(6, 2, keep_last=True) == [0, 5]
     assert student_layers(6, 2) == [0, 3]
     assert student_layers(6, 4) == [0, 1, 3, 4]
     assert student_layers(4, 4) == [0, 1, 2, 3]

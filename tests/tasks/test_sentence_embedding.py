@@ -266,6 +266,8 @@ def test_distill_regresses_a_smaller_student_onto_the_teachers_embeddings(traine
     assert results["metrics"]["teacher_agreement"] > 0.8 and results["metrics"]["spearman"] > 0.7
     info = json.loads((out / "distillation.json").read_text())
     assert info["family"] == "sentence-embedding" and info["pooling"] == "mean" and info["normalize"] is True
+    teacher_layers = json.loads((teacher / "config.json").read_text())["num_hidden_layers"]
+    assert info["teacher_layers"] == [teacher_layers - 1]  # a bi-encoder's student keeps the last layer
     config = json.loads((out / "config.json").read_text())
     assert config["num_hidden_layers"] == 1 and family_for_checkpoint(out).name == "sentence-embedding"
     assert read_pooling(out) == read_pooling(teacher)  # served as the teacher is: pipeline, predict, ST files
