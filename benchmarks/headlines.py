@@ -346,6 +346,33 @@ def tokenizer_long_answer(result: dict[str, Any]) -> Cells:
     return (span(f"{case['sides']['fast']['median']:.3f}" for case in result["cases"]) + " s (the fast path)",)
 
 
+def embed_answer(result: dict[str, Any]) -> Cells:
+    """bertforge's texts per second over the peer's, per precision (int8: against the peer's fastest)."""
+    parts = []
+    for case in result["cases"]:
+        sides, dtype = case["sides"], case["params"]["dtype"]
+        ratio = sides["sentence-transformers"]["median"] / sides["bertforge"]["median"]
+        peer = {"float32": "fp32", "bfloat16": "bf16"}.get(case["facts"]["peer_dtype"], case["facts"]["peer_dtype"])
+        text = f"{ratio:.2f}×" if ratio < 1.5 else f"**{ratio:.2f}×**"
+        parts.append(f"{dtype} {text}" + ("" if peer == dtype else f" (against its {peer})"))
+    return (", ".join(parts) + " (MiniLM, 10,000 STS-B sentences, batch 64)",)
+
+
+def embed_student_answer(result: dict[str, Any]) -> Cells:
+    """The student's dev Spearman as a share of the teacher's and its speed-up, in fp32, then int8's."""
+    by_dtype = {case["params"]["dtype"]: case for case in result["cases"]}
+
+    def kept_and_speed(dtype: str) -> tuple[float, float]:
+        case = by_dtype[dtype]
+        facts, sides = case["facts"], case["sides"]
+        return (facts["student_dev_spearman"] / facts["teacher_dev_spearman"],
+                sides["teacher"]["median"] / sides["student"]["median"])
+
+    (kept, speed), (kept8, speed8) = kept_and_speed("fp32"), kept_and_speed("int8")
+    return (f"keeps **{kept:.1%}** of its teacher's STS-B dev Spearman at **{speed:.2f}×** its fp32 throughput "
+            f"(int8: {kept8:.1%} at {speed8:.2f}× the teacher's int8)",)
+
+
 # --- the rows ------------------------------------------------------------------------------------------
 
 R = "RESULTS.md"
@@ -458,6 +485,11 @@ HEADLINES = (
              "(`pipeline`, batch 32, 3-layer student of MiniLM)",
              Typed(("fp32 **2.14×** (SST-2) and 1.91× (CoNLL-2003) its teacher; int8 **4.12×** and 3.21× the "
                     "teacher's fp32; the tagger's bound 1.98×",), "533ef57, 2026-12-06")),
+    Headline("embed", f"[Sentence embeddings against sentence-transformers' `encode`]({B}#sentence-embeddings-"
+             "encoding-throughput) (`pipeline(\"embed\")`)", embed_answer, section="embed"),
+    Headline("embed-student", f"[How much does a 3-layer sentence-embedding student keep?]({B}#sentence-embeddings-"
+             "a-distilled-3-layer-student) (distilled from the STS-B bi-encoder)", embed_student_answer,
+             section="embed-student"),
     Headline("gpu", f"[GPU (one H100): pre-training, fine-tuning, inference against the peer]({B}#gpu) "
              "(BERT-base, bf16)",
              Typed(("pre-training **1.45×** at MFU 24.8%; fine-tuning 1.10-1.30×; inference batch 32 1.18×: "
@@ -472,7 +504,7 @@ BENCHMARKS_KEYS = ("finetune-speed", "goemotions-speed", "inference", "inference
                    "encoder", "machine-limit", "pretrain-step", "continued-pretrain", "training-memory",
                    "varied-batches", "server", "server-limits", "server-memory", "tokenizer", "tokenizer-long",
                    "prepare-pretraining", "squad-cpu", "squad-features", "vocab-extend", "cpu-kernels",
-                   "distill-speed", "gpu")
+                   "distill-speed", "embed", "embed-student", "gpu")
 
 TABLES = (
     HeadlineTable("headlines-results", "RESULTS.md, the headline table (quality)", QUALITY, RESULTS_KEYS),
@@ -482,7 +514,7 @@ TABLES = (
                   ("glue", "ner", "squad-v1.1", "squad-v2.0", "distill", "pretrain-budget"), commit_column=False),
     HeadlineTable("headlines-readme-speed", "README.md, headline figures: speed (BENCHMARKS.md's rows)", SPEED,
                   ("finetune-speed", "inference", "inference-int8", "accuracy", "pretrain-step", "server",
-                   "distill-speed", "gpu"), commit_column=False),
+                   "distill-speed", "embed", "gpu"), commit_column=False),
 )
 
 

@@ -27,10 +27,10 @@ def benchmarks(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def docs_copy(root: Path) -> Path:
-    """BENCHMARKS.md and the results of its rendered sections (tokenizer, inference, encoder: with the READMEs
-    beside them), copied under `root` as the repository lays them out."""
+    """BENCHMARKS.md and the results of its rendered sections (tokenizer, inference, encoder, embed: with the
+    READMEs beside them), copied under `root` as the repository lays them out."""
     shutil.copy(REPO / "BENCHMARKS.md", root / "BENCHMARKS.md")
-    for folder in ("tokenizer", "inference", "encoder"):
+    for folder in ("tokenizer", "inference", "encoder", "embed"):
         shutil.copytree(REPO / "docs" / "results" / folder, root / "docs" / "results" / folder)
     return root
 
