@@ -35,8 +35,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                    "directory, or transformers'): its task, labels and data format are the student's")
     student = p.add_mutually_exclusive_group()
     student.add_argument("--layers", type=int, help="the student: the teacher with N layers, initialised from "
-                         "teacher layers floor(i*L/N) (every other layer for N = L/2) (default: half the layers, "
-                         "rounded up)")
+                         "teacher layers floor(i*L/N) (every other layer for N = L/2; a sentence-embedding "
+                         "teacher's student keeps the first and the last layer, the rest evenly between) "
+                         "(default: half the layers, rounded up)")
     student.add_argument("--student", help="the student: a preset (tiny, mini, small, medium, base, large: random "
                          "weights) or a checkpoint directory with the teacher's vocabulary")
     p.add_argument("--train-file", required=True, help="the teacher's training data (its format: a GLUE task's "
