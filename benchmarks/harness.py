@@ -215,12 +215,14 @@ def versions(packages: Sequence[str] = ()) -> dict[str, str]:
 
 
 def commit(root: Path = ROOT) -> dict[str, Any]:
-    """The checkout's short commit hash, and whether tracked files differ from it (a dirty tree)."""
+    """The checkout's short commit hash, whether tracked files differ from it (a dirty tree), and which
+    (`changed`: a reader can tell a run whose code differed from one whose docs were being edited)."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 
     try:
-        return {"hash": git("rev-parse", "--short", "HEAD"), "dirty": bool(git("status", "--porcelain", "-uno"))}
+        changed = git("diff", "--name-only", "HEAD").splitlines()
+        return {"hash": git("rev-parse", "--short", "HEAD"), "dirty": bool(changed), "changed": changed}
     except (OSError, subprocess.CalledProcessError):
         return {"hash": None, "dirty": None}
 

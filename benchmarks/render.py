@@ -42,6 +42,16 @@ def documents(root: Path = ROOT) -> list[Path]:
     return sorted(root.glob("*.md")) + sorted((root / "docs").rglob("*.md"))
 
 
+def uncommitted(version: Mapping[str, Any]) -> str:
+    """What a dirty run's caption says: the files that differed from its commit, up to three (a result written
+    before the harness recorded them: "uncommitted changes")."""
+    changed = version.get("changed")
+    if not changed:
+        return "uncommitted changes"
+    shown = ", ".join(f"`{name}`" for name in changed[:3])
+    return f"uncommitted changes to {shown}" + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+
+
 def caption(result: Mapping[str, Any], json_links: Sequence[str]) -> str:
     """The one line that states where and when a table's figures were measured and how to measure them again."""
     where = result["machine"]
@@ -51,7 +61,7 @@ def caption(result: Mapping[str, Any], json_links: Sequence[str]) -> str:
     if where.get("gpu"):
         parts[0] += f", {where['gpu']}"
     version = result["commit"]
-    parts.append(f"commit {version['hash']}" + (" (uncommitted changes)" if version.get("dirty") else ""))
+    parts.append(f"commit {version['hash']}" + (f" ({uncommitted(version)})" if version.get("dirty") else ""))
     parts.append(result["date"][:10])
     parts.append(f"`{result['command']}`")
     if result.get("note"):

@@ -342,3 +342,21 @@ def test_headline_links_are_written_relative_to_their_document():
         "[a](#x), [b](BENCHMARKS.md#y), [c](docs/results/gpu/README.md#z), [d](https://e.org/#f)")
     assert relink(text, REPO / "docs" / "guide" / "x.md").startswith(
         "[a](../../RESULTS.md#x), [b](../../BENCHMARKS.md#y)")
+
+
+def test_a_dirty_runs_caption_names_the_files_that_differed():
+    """A run made with uncommitted changes says so in its caption, naming the files (docs being edited read
+    differently from changed code); a result from before the harness recorded them says only that."""
+    sys.path.insert(0, str(REPO))
+    from benchmarks.harness import commit
+    from benchmarks.render import caption
+
+    now = commit()
+    assert set(now) >= {"hash", "dirty"} and (now["hash"] is None or now["dirty"] == bool(now["changed"]))
+    result = {"machine": {"cpu": "CPU", "cores": 2}, "date": "2026-12-07T00:00:00+00:00", "command": "cmd",
+              "commit": {"hash": "abc1234", "dirty": True, "changed": ["BENCHMARKS.md", "a.py", "b.py", "c.py"]}}
+    assert "commit abc1234 (uncommitted changes to `BENCHMARKS.md`, `a.py`, `b.py` and 1 more)" in caption(result, [])
+    result["commit"] = {"hash": "abc1234", "dirty": True}
+    assert "commit abc1234 (uncommitted changes)" in caption(result, [])
+    result["commit"] = {"hash": "abc1234", "dirty": False, "changed": []}
+    assert "commit abc1234 ·" in caption(result, [])
