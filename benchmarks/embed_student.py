@@ -119,14 +119,11 @@ def cases(quick: bool) -> list[Params]:
 
 def dev_spearman(embed: Any, dev: Path) -> float:
     """Spearman of the cosine of each dev pair's embeddings against its gold score."""
-    import numpy as np
-
-    from bertforge.tasks.sentence_embedding import read_sentence_file, similarity_metrics
+    from bertforge.tasks.sentence_embedding import cosine_scores, read_sentence_file, similarity_metrics
 
     rows = read_sentence_file(dev, texts=2, scored=True)
-    vectors = np.asarray(embed([t for row in rows for t in row.texts], batch_size=BATCH), dtype=np.float64)
-    a, b = vectors[0::2], vectors[1::2]
-    cosine = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+    vectors = embed([t for row in rows for t in row.texts], batch_size=BATCH)
+    cosine = cosine_scores(vectors[0::2], vectors[1::2])
     return similarity_metrics(cosine.tolist(), [row.score for row in rows])["spearman"]
 
 

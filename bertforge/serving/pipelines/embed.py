@@ -113,7 +113,7 @@ class EmbedPipeline(Pipeline):
         vectors = np.zeros((count, hidden * len(indexes)), dtype=np.float32)
         for feature, output in zip(features, outputs):
             states = output["hidden_states"]
-            if states.shape[0] != len(indexes) or len(indexes) == self.config.num_hidden_layers:
+            if states.shape[0] == self.config.num_hidden_layers:  # every layer: take the asked ones
                 states = states[indexes]
             states = states[:, :len(feature.input_ids)]  # (layers, S, H)
             pooled = states[:, 0] if pooling == "cls" else states.mean(axis=1)
