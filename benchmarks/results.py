@@ -452,6 +452,54 @@ def sentence_embedding_table(sources: Sources) -> str:
                  "goal: peer mean − ½ std"], body)
 
 
+ACCURACY_BUDGET = 0.5  # points of dev accuracy bf16 or int8 inference may cost against fp32 (the inference issue's goal)
+PEER_EXACT = ("peer_fp32", "peer_bf16", "peer_onnx")  # the peer's precisions written on one row when they agree
+
+
+def accuracy_change(value: float) -> str:
+    """A change in points, signed with a minus sign, two decimals (−0.12)."""
+    return f"{value:.2f}".replace("-", "−")
+
+
+def accuracy_table(sources: Sources) -> str:
+    """`benchmarks/inference_accuracy.py`'s file: each side and precision's dev accuracy against bertforge's fp32,
+    the predictions that changed and the largest logit difference; the peer's fp32, bf16 and fp32-on-ONNX
+    Runtime on one row where their accuracies agree."""
+    result = sources["inference/accuracy_sst2.json"]["results"]
+
+    def accuracy(name: str) -> str:
+        return f"{100 * result[name]['metrics']['accuracy']:.2f}%"
+
+    def changed(name: str) -> str:
+        return f"{result[name]['predictions_changed']} of {sources['inference/accuracy_sst2.json']['examples']}"
+
+    def logit(value: float) -> str:
+        return f"{value:.1e}" if value < 1e-3 else f"{value:.2g}" if value < 1 else f"{value:.2f}"
+
+    body = [["bertforge fp32", accuracy("fp32"), "", "", "", ""]]
+    for name in ("bf16", "int8"):
+        change = result[name]["change_points"]["accuracy"]
+        body.append([f"bertforge {name}", accuracy(name), bold(accuracy_change(change)), f"≤ {ACCURACY_BUDGET}",
+                     changed(name), logit(result[name]["max_abs_logit_diff"])])
+    labels = {"peer_fp32": "fp32 (eager, sdpa)", "peer_bf16": "bf16 (autocast)", "peer_onnx": "fp32 on ONNX Runtime"}
+    if len({result[name]["metrics"]["accuracy"] for name in PEER_EXACT}) == 1:
+        body.append([f"peer {', '.join(labels[name] for name in PEER_EXACT)}", accuracy("peer_fp32") + " each",
+                     accuracy_change(result["peer_fp32"]["change_points"]["accuracy"]), "",
+                     f"{max(result[name]['predictions_changed'] for name in PEER_EXACT)} of "
+                     f"{sources['inference/accuracy_sst2.json']['examples']}",
+                     ", ".join(logit(result[name]["max_abs_logit_diff"]) for name in PEER_EXACT)])
+    else:
+        for name in PEER_EXACT:
+            body.append([f"peer {labels[name]}", accuracy(name),
+                         accuracy_change(result[name]["change_points"]["accuracy"]), "", changed(name),
+                         logit(result[name]["max_abs_logit_diff"])])
+    body.append(["peer int8, ONNX Runtime `quantize_dynamic`", accuracy("peer_onnx_int8"),
+                 accuracy_change(result["peer_onnx_int8"]["change_points"]["accuracy"]), "", changed("peer_onnx_int8"),
+                 logit(result["peer_onnx_int8"]["max_abs_logit_diff"])])
+    return rows(["side, precision", "dev accuracy", "change (points)", "goal", "predictions that differ from fp32",
+                 "max abs logit diff"], body)
+
+
 REPORTS = (
     Report(name="glue", figure='RESULTS.md, "GLUE: MRPC, CoLA, RTE, STS-B, SST-2"',
            sources=tuple(f"{folder}/{name}" for _, folder, summaries, kept, _ in GLUE_TASKS
@@ -481,6 +529,8 @@ REPORTS = (
            sources=("sentence_embedding/stsb.json",), table=sentence_embedding_table),
     Report(name="goemotions-seeds", figure="docs/results/goemotions/README.md, issue 64's acceptance per run",
            sources=("goemotions/acceptance.json",), table=goemotions_seeds_table),
+    Report(name="accuracy", figure='BENCHMARKS.md, "bf16 and int8 accuracy"',
+           sources=("inference/accuracy_sst2.json",), table=accuracy_table),
     Report(name="goemotions-labels", figure="docs/results/goemotions/README.md, each label's F1 by side",
            sources=("goemotions/acceptance.json",), table=goemotions_labels_table),
 )

@@ -27,11 +27,13 @@ def benchmarks(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def docs_copy(root: Path) -> Path:
-    """BENCHMARKS.md and the results of its rendered sections (tokenizer, inference, encoder, embed: with the
-    READMEs beside them), copied under `root` as the repository lays them out."""
+    """BENCHMARKS.md and the results of its rendered sections (tokenizer, inference, encoder, embed,
+    pretrain_step: with the READMEs beside them; the reports' provenance.json), copied under `root` as the
+    repository lays them out."""
     shutil.copy(REPO / "BENCHMARKS.md", root / "BENCHMARKS.md")
-    for folder in ("tokenizer", "inference", "encoder", "embed"):
+    for folder in ("tokenizer", "inference", "encoder", "embed", "pretrain_step"):
         shutil.copytree(REPO / "docs" / "results" / folder, root / "docs" / "results" / folder)
+    shutil.copy(REPO / "docs" / "results" / "provenance.json", root / "docs" / "results" / "provenance.json")
     return root
 
 

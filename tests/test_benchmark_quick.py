@@ -222,13 +222,3 @@ def test_varied_batches():
         assert positive(median["seq_per_s"], median["rss_end_mb"]) and finite(median["rss_growth_second_half_mb"])
         [run] = result["runs"][name]
         assert len(run["rss_mb"]) == 5 and positive(*run["rss_mb"], run["seconds"])
-
-
-@pytest.mark.slow  # two worker processes, each loading torch and transformers, then closed in turn: ~21 s on 2 cores
-def test_continued_pretrain():
-    result = one("continued_pretrain.py", "--threads", "1")
-    assert result["benchmark"] == "continued_pretraining_step" and result["batch_size"] == 4
-    assert result["mlm_loss_difference"] <= 1e-4 and positive(result["mlm_loss_ours"], result["mlm_loss_peer"])
-    assert positive(result["ours_tokens_per_s"], result["peer_tokens_per_s"], result["speedup"],
-                    result["ours_peak_rss_mb"], result["peer_peak_rss_mb"])
-    assert len(result["ours_tokens_per_s_all"]) == len(result["peer_tokens_per_s_all"]) == 1
