@@ -411,32 +411,33 @@ def ratio(case: dict[str, Any]) -> float:
     return ours / peer
 
 
-def scratch_table(result: dict[str, Any]) -> str:
-    """One row per preset and precision."""
-    rows = ["| config | precision | batch | bertforge tok/s | peer tok/s | ratio | target | "
-            "peak RSS MB (bertforge / peer) | first loss (bertforge / peer) |", "|---|---|---|---|---|---|---|---|---|"]
+def table(result: dict[str, Any], leading: dict[str, Callable[[Params], Any]], digits: int, loss: str) -> str:
+    """One row per case: the `leading` columns (header -> cell from the case's params), both sides' tokens per
+    second, the ratio at `digits` decimals, the target, each worker's peak RSS and both first losses."""
+    header = [*leading, "bertforge tok/s", "peer tok/s", "ratio", "target", "peak RSS MB (bertforge / peer)",
+              f"{loss} (bertforge / peer)"]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for case in result["cases"]:
         params, facts = case["params"], case["facts"]
         ours, peer = rates(case)
-        rows.append(f"| {params['model']} | {params['precision']} | {params['batch_size']} | {ours:.1f} | {peer:.1f} | "
-                    f"**{ours / peer:.3f}** | {TARGETS.get(params['model'], '')} | "
-                    f"{facts['peak_rss_mb']['bertforge']:.0f} / {facts['peak_rss_mb']['transformers']:.0f} | "
-                    f"{facts['first_loss']['bertforge']:.6f} / {facts['first_loss']['transformers']:.6f} |")
+        cells = [*(str(cell(params)) for cell in leading.values()), f"{ours:.1f}", f"{peer:.1f}",
+                 f"**{ours / peer:.{digits}f}**", str(TARGETS.get(params["model"], "")),
+                 " / ".join(f"{facts['peak_rss_mb'][side]:.0f}" for side in SIDES),
+                 " / ".join(f"{facts['first_loss'][side]:.6f}" for side in SIDES)]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def scratch_table(result: dict[str, Any]) -> str:
+    """One row per preset and precision."""
+    return table(result, {"config": lambda p: p["model"], "precision": lambda p: p["precision"],
+                          "batch": lambda p: p["batch_size"]}, 3, "first loss")
 
 
 def continued_table(result: dict[str, Any]) -> str:
     """One row: the continued model."""
-    rows = ["| model | batch | bertforge tok/s | peer tok/s | ratio | target | peak RSS MB (bertforge / peer) | "
-            "MLM loss, same masked batch (bertforge / peer) |", "|---|---|---|---|---|---|---|---|"]
-    for case in result["cases"]:
-        params, facts = case["params"], case["facts"]
-        ours, peer = rates(case)
-        rows.append(f"| {params['model']} | {params['batch_size']} | {ours:.1f} | {peer:.1f} | **{ours / peer:.2f}** | "
-                    f"{TARGETS.get(params['model'], '')} | "
-                    f"{facts['peak_rss_mb']['bertforge']:.0f} / {facts['peak_rss_mb']['transformers']:.0f} | "
-                    f"{facts['first_loss']['bertforge']:.6f} / {facts['first_loss']['transformers']:.6f} |")
-    return "\n".join(rows)
+    return table(result, {"model": lambda p: p["model"], "batch": lambda p: p["batch_size"]}, 2,
+                 "MLM loss, same masked batch")
 
 
 BENCHMARKS = (
