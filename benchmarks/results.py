@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -80,14 +80,14 @@ def glue_ours(sources: Sources, folder: str, summaries: Sequence[str],
               kept: Sequence[str]) -> dict[float, list[dict]]:
     """bertforge's runs by learning rate, pooled over its summaries (`finetune glue --seeds/--lr-grid`) and
     kept runs (an `eval_results.json` whose name gives lr and seed); a (lr, seed) given twice keeps the
-    later file's run, as benchmarks/glue_table.py pools them."""
+    later file's run."""
     runs: dict[tuple[float, int], dict] = {}
     for name in summaries:
         for run in sources[f"{folder}/{name}"]["runs"]:
             runs[(float(run["lr"]), run["seed"])] = run
     for name in kept:
         lr, seed = name.removesuffix(".json").split("_lr")[1].split("_seed")
-        runs[(float(lr), int(seed))] = sources[f"{folder}/{name}"]
+        runs[(float(lr), int(seed))] = {**sources[f"{folder}/{name}"], "lr": float(lr), "seed": int(seed)}
     by_lr: dict[float, list[dict]] = {}
     for (lr, _), run in sorted(runs.items()):
         by_lr.setdefault(lr, []).append(run)
@@ -121,6 +121,10 @@ class GlueTask:
     seeds: str  # seeds a side: one count, or the two sides' counts
     ours: dict[str, dict[str, float]]
     peer: dict[str, dict[str, float]]
+    ours_by_lr: dict[float, list[dict]]  # every run, by learning rate
+    peer_by_lr: dict[float, list[dict]]
+    ours_lr: float  # each side's best rate
+    peer_lr: float
 
     def bar(self, metric: str) -> float:
         """The goal's bar on `metric`: the peer's mean − ½ its std."""
@@ -131,22 +135,25 @@ class GlueTask:
         return self.ours[metric]["mean"] >= self.bar(metric)
 
 
+def glue_task(sources: Sources, task: str) -> GlueTask:
+    """One task of `GLUE_TASKS` as its table row, its headline figure and its seeds table read it."""
+    _, folder, summaries, kept, note = next(entry for entry in GLUE_TASKS if entry[0] == task)
+    ours_by_lr = glue_ours(sources, folder, summaries, kept)
+    peer_by_lr = glue_peer(sources, folder)
+    first = sources[f"{folder}/{(summaries or kept)[0]}"]
+    main = first.get("main_metric") or next(iter(first["metrics"]))
+    ours_lr = max(ours_by_lr, key=lambda lr: summarize(ours_by_lr[lr])[main]["mean"])
+    peer_lr = max(peer_by_lr, key=lambda lr: summarize(peer_by_lr[lr])[main]["mean"])
+    seeds = {len(ours_by_lr[ours_lr]), len(peer_by_lr[peer_lr])}
+    lrs = rate(ours_lr) if note and ours_lr == peer_lr else f"{rate(ours_lr)} / {rate(peer_lr)}"
+    lrs += f" ({note})" if note else ""
+    return GlueTask(task, main, lrs, " / ".join(map(str, sorted(seeds))), summarize(ours_by_lr[ours_lr]),
+                    summarize(peer_by_lr[peer_lr]), ours_by_lr, peer_by_lr, ours_lr, peer_lr)
+
+
 def glue_tasks(sources: Sources) -> list[GlueTask]:
-    """Every task of `GLUE_TASKS`, in its order, as its table row and its headline figure read it."""
-    found = []
-    for task, folder, summaries, kept, note in GLUE_TASKS:
-        ours_by_lr = glue_ours(sources, folder, summaries, kept)
-        peer_by_lr = glue_peer(sources, folder)
-        first = sources[f"{folder}/{(summaries or kept)[0]}"]
-        main = first.get("main_metric") or next(iter(first["metrics"]))
-        ours_lr = max(ours_by_lr, key=lambda lr: summarize(ours_by_lr[lr])[main]["mean"])
-        peer_lr = max(peer_by_lr, key=lambda lr: summarize(peer_by_lr[lr])[main]["mean"])
-        seeds = {len(ours_by_lr[ours_lr]), len(peer_by_lr[peer_lr])}
-        lrs = rate(ours_lr) if note and ours_lr == peer_lr else f"{rate(ours_lr)} / {rate(peer_lr)}"
-        lrs += f" ({note})" if note else ""
-        found.append(GlueTask(task, main, lrs, " / ".join(map(str, sorted(seeds))),
-                              summarize(ours_by_lr[ours_lr]), summarize(peer_by_lr[peer_lr])))
-    return found
+    """Every task of `GLUE_TASKS`, in its order."""
+    return [glue_task(sources, task) for task, *_ in GLUE_TASKS]
 
 
 def glue_table(sources: Sources) -> str:
@@ -165,6 +172,37 @@ def glue_table(sources: Sources) -> str:
                          "yes" if found.met(metric) else "no"])
     return rows(["task", "metric", "seeds a side", "lr (bertforge / peer)", "bertforge", "transformers",
                  "peer mean − ½ std", "goal met"], body)
+
+
+def glue_seeds_table(task: str) -> Callable[[Sources], str]:
+    """The `glue-<task>-seeds` table of docs/results/<folder>/README.md: the main metric at every learning
+    rate on each side (mean ± std over its seeds, n), then each seed's scores at each side's best rate (the
+    rate RESULTS.md's row reports), so that a reader sees what the pooled means are made of."""
+
+    def table(sources: Sources) -> str:
+        found = glue_task(sources, task)
+        main, name = found.main, METRIC_NAMES.get(found.main, found.main)
+
+        def cell(runs: list[dict] | None) -> str:
+            return f"{mean_std(summarize(runs)[main])} (n={len(runs)})" if runs else "–"
+
+        grid = rows(["lr", f"bertforge {name}", f"transformers {name}"],
+                    [[rate(lr), cell(found.ours_by_lr.get(lr)), cell(found.peer_by_lr.get(lr))]
+                     for lr in sorted({*found.ours_by_lr, *found.peer_by_lr}, reverse=True)])
+        metrics = [main] + sorted(set(found.ours) - {main})
+        ours, peer = ({run["seed"]: run for run in runs}
+                      for runs in (found.ours_by_lr[found.ours_lr], found.peer_by_lr[found.peer_lr]))
+        names = " / ".join(METRIC_NAMES.get(metric, metric) for metric in metrics)
+
+        def scores(run: dict | None) -> str:
+            return " / ".join(points(run["metrics"][metric]) for metric in metrics) if run else "–"
+
+        seeds = rows(["seed", f"bertforge {names} (lr {rate(found.ours_lr)})",
+                      f"transformers {names} (lr {rate(found.peer_lr)})"],
+                     [[str(seed), scores(ours.get(seed)), scores(peer.get(seed))] for seed in sorted({*ours, *peer})])
+        return f"{grid}\n\n{seeds}"
+
+    return table
 
 
 def minus(text: str) -> str:
@@ -505,6 +543,10 @@ REPORTS = (
            sources=tuple(f"{folder}/{name}" for _, folder, summaries, kept, _ in GLUE_TASKS
                          for name in (*summaries, *kept, "transformers_*.json")),
            table=glue_table),
+    *(Report(name=f"glue-{folder.removeprefix('glue_')}-seeds", figure=f"docs/results/{folder}/README.md, {task} at "
+             "every learning rate and seed", sources=tuple(f"{folder}/{name}" for name in (*summaries, *kept,
+                                                                                         "transformers_*.json")),
+             table=glue_seeds_table(task)) for task, folder, summaries, kept, _ in GLUE_TASKS),
     Report(name="ner", figure='RESULTS.md, "CoNLL-2003 NER, fine-tuned"',
            sources=("ner/bertforge_summary.json", "ner/transformers_seed*.json",
                     "ner/bertforge_document_context_summary.json"), table=ner_table),

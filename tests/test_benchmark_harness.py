@@ -186,6 +186,21 @@ def test_every_report_renders_with_its_provenance():
         assert ("```bash" in text) == (len(provenance["commands"]) > 1)
 
 
+def test_a_glue_tasks_seeds_table_pools_its_files_as_its_results_row_does():
+    """MRPC's seeds table pools the 3-seed grids with seeds 45-46 (n=5 at the two top rates), lists every seed
+    at each side's best rate, and its best rate's mean is the one RESULTS.md's GLUE row reports."""
+    from benchmarks.report import load_sources, registry
+
+    report = registry()["glue-mrpc-seeds"]
+    grid, seeds = report.table(load_sources(report)).split("\n\n")
+    assert "| 5e-5 | 85.79 ± 1.24 (n=5) | 86.12 ± 1.30 (n=5) |" in grid.splitlines()
+    assert "| 3e-5 | 84.57 ± 0.25 (n=3) | 85.10 ± 0.34 (n=3) |" in grid.splitlines()
+    assert [line.split(" | ")[0].lstrip("| ") for line in seeds.splitlines()[2:]] == ["42", "43", "44", "45", "46"]
+    row = next(line for line in (REPO / "RESULTS.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith("| MRPC | F1 |"))
+    assert "85.79 ± 1.24" in row and "86.12 ± 1.30" in row
+
+
 def test_a_report_without_provenance_is_refused(tmp_path):
     root = results_copy(tmp_path)
     path = root / "docs" / "results" / "provenance.json"
@@ -197,8 +212,8 @@ def test_a_report_without_provenance_is_refused(tmp_path):
 
 
 def test_render_check_names_a_report_whose_json_changed(tmp_path):
-    """A peer's seed moves: the pooled mean in GLUE's table no longer matches, and only that section and the
-    headline row that reads the same files are named."""
+    """A peer's seed moves: the pooled mean in GLUE's table no longer matches, and only that section, CoLA's
+    seeds table and the headline row that read the same files are named."""
     root = results_copy(tmp_path)
     path = root / "docs" / "results" / "glue_cola" / "transformers_lr5e-5.json"
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -206,8 +221,9 @@ def test_render_check_names_a_report_whose_json_changed(tmp_path):
     path.write_text(json.dumps(data), encoding="utf-8")
     done = benchmarks("render", "--check", "--root", str(root))
     assert done.returncode != 0
-    assert done.stdout.splitlines() == ["differs from its JSON: RESULTS.md: headlines-results",
-                                        "differs from its JSON: RESULTS.md: glue"]
+    assert sorted(done.stdout.splitlines()) == ["differs from its JSON: RESULTS.md: glue",
+                                                "differs from its JSON: RESULTS.md: headlines-results",
+                                                "differs from its JSON: docs/results/glue_cola/README.md: glue-cola-seeds"]
 
 
 def test_render_check_names_a_report_whose_figure_was_edited(tmp_path):
