@@ -14,7 +14,9 @@ each label's F1.
     python benchmarks/multi_label_reference.py --seed 1 --lr 1e-4 --output runs/reference-seed1.json
 
 Writes one JSON file: per epoch the dev macro-/micro-F1 and threshold, the training loss every
-`--log-every` steps (mean over the window), the wall time; and prints it as one line.
+`--log-every` steps (mean over the window), the wall time; and prints it as one line. Beside it,
+`dev_probabilities.npy`: the last evaluation's (dev rows, labels) probabilities, for threshold-free
+comparisons (average precision, log-loss) with bertforge's `dev_predictions.jsonl` scores.
 """
 
 from __future__ import annotations
@@ -131,6 +133,7 @@ def main() -> None:
                 logits.append(model(**pad_batch(dev_ids[start:start + 128])).logits.float())
         model.train()
         probabilities = sigmoid(torch.cat(logits).numpy())
+        last_probabilities[:] = [probabilities]
         gold = dev_labels.numpy() > 0.5
         threshold = tune_thresholds(probabilities, gold)
         scores = multi_label_metrics(probabilities >= threshold, gold)
@@ -138,6 +141,7 @@ def main() -> None:
                 "per_label_f1": {name: float(f1) for name, f1 in zip(names, scores["per_label"]["f1"])}}
 
     model.train()
+    last_probabilities: list[np.ndarray] = []  # the latest evaluation's (dev rows, labels) probabilities
     step, window, losses, evals = 0, [], [], []
     started = time.perf_counter()
     for epoch in range(args.epochs):
@@ -168,6 +172,7 @@ def main() -> None:
               "metrics": evals[-1], "best": max(evals, key=lambda r: r["macro_f1"]), "evals": evals,
               "train_loss": losses, "wall_seconds": time.perf_counter() - started}
     args.output.parent.mkdir(parents=True, exist_ok=True)
+    np.save(args.output.parent / "dev_probabilities.npy", last_probabilities[0].astype(np.float32))
     args.output.write_text(json.dumps(result) + "\n")
     print(json.dumps(result))
 

@@ -78,6 +78,15 @@ def test_reference_loop_learns_a_toy_task_and_reports_each_epoch(tmp_path, save_
     assert result["metrics"]["macro_f1"] > 0.6  # learnt: predicting every label everywhere scores about 0.4
     per_label = result["metrics"]["per_label_f1"]  # each label's F1, averaging to the macro figure
     assert len(per_label) == 4 and sum(per_label.values()) / 4 == pytest.approx(result["metrics"]["macro_f1"])
+    import numpy as np
+    from bertforge.tasks.multi_label import multi_label_metrics
+
+    probabilities = np.load(tmp_path / "dev_probabilities.npy")  # the last evaluation's, scoring as reported
+    gold = np.zeros((64, 4), dtype=bool)
+    for row, line in enumerate((data / "dev.tsv").read_text().splitlines()):
+        gold[row, [int(i) for i in line.split("\t")[1].split(",")]] = True
+    scores = multi_label_metrics(probabilities >= result["metrics"]["threshold"], gold)
+    assert probabilities.shape == (64, 4) and scores["f1_macro"] == pytest.approx(result["metrics"]["macro_f1"], abs=1e-6)
 
 
 def test_moments_reports_adams_second_moments_against_epsilon(tmp_path, save_tiny_checkpoint):
