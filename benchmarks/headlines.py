@@ -28,6 +28,8 @@ from .harness import ROOT, Benchmark, load_result, registry as benchmark_registr
 from .report import Report, load_provenance, load_sources, registry as report_registry
 from .results import (DISTILL_FILES, bold, describe, distill_group, glue_tasks, mean_std, minus, ner_peer_runs,
                       points, rows)
+from .speed_reports import (distill_speed_answer, finetune_answer, gpu_answer, machine_limit_answer, serve_answer,
+                            squad_cpu_answer)
 
 Cells = tuple[str, ...]
 NOT_RENDERED = "section not yet rendered"  # why a row is typed; anything else must say why
@@ -452,8 +454,8 @@ HEADLINES = (
 
     # BENCHMARKS.md: speed and memory
     Headline("finetune-speed", f"[Fine-tuning against transformers' `Trainer` at its best settings]({B}#fine-tuning-"
-             "against-the-peer-at-its-best-settings) (bf16, length-grouped, MiniLM)",
-             Typed(("**1.56×** on MRPC (3 epochs), **1.53×** on SST-2 (1 epoch)",), "8bf9da8, 2026-12-05")),
+             "against-the-peer-at-its-best-settings) (bf16, length-grouped, MiniLM)", finetune_answer,
+             section="finetune-speed"),
     Headline("goemotions-speed", "[Fine-tuning a multi-label classifier (GoEmotions) against the peer at its best "
              f"settings]({R}#multi-label-classification-goemotions) (bf16, length-grouped, MiniLM, 3 epochs)",
              Typed(("**1.28×** (771.8 s against 984.5 s), past the 1.20× equal kernels would give; the 1.5× goal is "
@@ -472,8 +474,7 @@ HEADLINES = (
     Headline("encoder", f"[Encoder forward on padded batches]({B}#encoder-forward), fp32, against transformers' "
              "`BertModel`", encoder_answer, section="encoder"),
     Headline("machine-limit", f"[How close to the machine's limit]({B}#how-close-to-the-machines-limit)",
-             Typed(("base: fp32 forward at 101% of `torch.mm`'s best, training step 81% (fp32) / 73% (bf16); "
-                    "1.94–2.32× the peer",), "5e4c7ef, 2026-12-05")),
+             machine_limit_answer, section="machine-limit"),
     Headline("pretrain-step", f"[Pre-training step (MLM + NSP) against the peer]({B}#pre-training-step)",
              pretrain_step_answer, section="pretrain-step"),
     Headline("continued-pretrain", "[Continued pre-training step against `run_mlm.py`](docs/results/pretrain_step/"
@@ -486,8 +487,8 @@ HEADLINES = (
              "on-batches-whose-shapes-never-repeat)",
              Typed(("row buckets: faster at every dtype, growth in the 2nd half ≤ 71.9 MB",),
                    "3a5fd90, 5aab826, 2026-12-01/04")),
-    Headline("server", f"[Server throughput]({B}#server-under-load) (16 clients, 2 cores)",
-             Typed(("int8 329.9 req/s, p99 64.8 ms; bf16 286.5 req/s",), "3a5fd90, 2026-12-01")),
+    Headline("server", f"[Server throughput]({B}#server-under-load) (16 clients, 2 cores)", serve_answer,
+             section="serve-load"),
     Headline("server-limits", "[Server at its limits](docs/results/serve_load/README.md#server-at-its-limits): 50 "
              "clients at every request limit + 200 slow-header sockets, 10 min, then SIGTERM",
              Typed(("no answer later than the admission bound (145.8 s ≤ 165.5 s), 1,245 × 429, no 5xx; exit 29.5 s "
@@ -502,8 +503,7 @@ HEADLINES = (
              "README.md#pre-training-instances-at-corpus-scale)",
              Typed(("17.79 s with 2 workers, 895.1 MB peak",), "d9b4d71, 2026-11-29")),
     Headline("squad-cpu", f"[SQuAD v1.1 fine-tuning on CPU]({B}#squad-fine-tuning-on-cpu) against run_qa",
-             Typed(("first epoch 430.0 s / 2,021.6 s (4.70×); BERT-Base peak 6.48 GiB",),
-                   "a647ad5, 0be3b1e, 2026-12-01/04")),
+             squad_cpu_answer, section="squad-cpu"),
     Headline("squad-features", "[SQuAD feature conversion](docs/results/squad/README.md#squad-feature-conversion) "
              "against run_qa", Typed(("0.45 s / 1.28 s (training features)",), "0be3b1e, 2026-12-01")),
     Headline("vocab-extend", "[Vocabulary extension](docs/results/vocab_extend/README.md#vocabulary-extension)",
@@ -512,18 +512,14 @@ HEADLINES = (
              Typed(("oneDNN's fp32 linear 1.03–1.25× MKL's; packed bf16 1.03–1.53× `F.linear`",),
                    "84e400e, 2026-12-05")),
     Headline("distill-speed", f"[How much faster is a distilled student?]({B}#distilled-students-throughput) "
-             "(`pipeline`, batch 32, 3-layer student of MiniLM)",
-             Typed(("fp32 **2.14×** (SST-2) and 1.91× (CoNLL-2003) its teacher; int8 **4.12×** and 3.21× the "
-                    "teacher's fp32; the tagger's bound 1.98×",), "533ef57, 2026-12-06")),
+             "(`pipeline`, batch 32, 3-layer student of MiniLM)", distill_speed_answer, section="distill-speed"),
     Headline("embed", f"[Sentence embeddings against sentence-transformers' `encode`]({B}#sentence-embeddings-"
              "encoding-throughput) (`pipeline(\"embed\")`)", embed_answer, section="embed"),
     Headline("embed-student", f"[How much does a 3-layer sentence-embedding student keep?]({B}#sentence-embeddings-"
              "a-distilled-3-layer-student) (distilled from the STS-B bi-encoder)", embed_student_answer,
              section="embed-student"),
     Headline("gpu", f"[GPU (one H100): pre-training, fine-tuning, inference against the peer]({B}#gpu) "
-             "(BERT-base, bf16)",
-             Typed(("pre-training **1.45×** at MFU 24.8%; fine-tuning 1.10-1.30×; inference batch 32 1.18×: "
-                    "GPU-bound pre-training leads, launch-bound steps do not reach 1.5×",), "e068e0b, 2026-12-06")),
+             "(BERT-base, bf16)", gpu_answer, section="gpu"),
 )
 
 QUALITY = ("bertforge", "peer", "verdict")

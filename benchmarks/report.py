@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from .harness import RESULTS, ROOT
 
 PROVENANCE = "provenance.json"  # under docs/results/
-MODULES = ("results",)  # the modules that declare REPORTS
+MODULES = ("results", "speed_reports")  # the modules that declare REPORTS
 
 Sources = dict[str, Any]  # each source file's parsed JSON, keyed by its path under docs/results/ (posix)
 

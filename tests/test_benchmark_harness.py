@@ -28,10 +28,11 @@ def benchmarks(*arguments: str) -> subprocess.CompletedProcess:
 
 def docs_copy(root: Path) -> Path:
     """BENCHMARKS.md and the results of its rendered sections (tokenizer, inference, encoder, embed,
-    pretrain_step: with the READMEs beside them; the reports' provenance.json), copied under `root` as the
-    repository lays them out."""
+    pretrain_step, and the reports' folders: with the READMEs beside them; the reports' provenance.json),
+    copied under `root` as the repository lays them out."""
     shutil.copy(REPO / "BENCHMARKS.md", root / "BENCHMARKS.md")
-    for folder in ("tokenizer", "inference", "encoder", "embed", "pretrain_step"):
+    for folder in ("tokenizer", "inference", "encoder", "embed", "pretrain_step", "finetune_speed", "machine_limit",
+                   "serve_load", "squad", "squad_v2", "distill", "gpu"):
         shutil.copytree(REPO / "docs" / "results" / folder, root / "docs" / "results" / folder)
     shutil.copy(REPO / "docs" / "results" / "provenance.json", root / "docs" / "results" / "provenance.json")
     return root
