@@ -24,6 +24,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import inference
 from . import legacy
+from .detail_reports import (ablations_answer, at_limits_answer, book_choice_answer, cpu_kernels_answer,
+                             ner_features_answer, prepare_pretraining_answer, pretrain_memory_answer,
+                             serve_memory_answer, squad_features_answer, varied_batches_answer, vocab_extend_answer)
 from .harness import ROOT, Benchmark, load_result, registry as benchmark_registry, views
 from .report import Report, load_provenance, load_sources, registry as report_registry
 from .results import (DISTILL_FILES, bold, describe, distill_group, glue_tasks, mean_std, minus, ner_peer_runs,
@@ -420,9 +423,8 @@ HEADLINES = (
     Headline("ner", f"[CoNLL-2003 NER dev F1 against the peer]({R}#conll-2003-ner-fine-tuned)", ner_answer,
              section="ner"),
     Headline("ner-features", "[Feature-based NER against fine-tuning](docs/results/ner_table7/README.md#table-7-at-"
-             "small-scale-feature-based-ner-against-fine-tuning) (the paper's Table 7, MiniLM)",
-             Typed(("fine-tuning 90.45, sum of the last four layers 89.89", "", "the paper's order holds"),
-                   "0be3b1e, 2026-12-01")),
+             "small-scale-feature-based-ner-against-fine-tuning) (the paper's Table 7, MiniLM)", ner_features_answer,
+             section="ner-features"),
     Headline("squad-v1.1", f"[SQuAD v1.1 F1 against the peer]({R}#squad-v11-and-v20)", squad_answer("v1.1"),
              section="squad"),
     Headline("squad-v2.0", f"[SQuAD v2.0 F1 against the peer]({R}#squad-v11-and-v20) (2 / 3 epochs)",
@@ -437,8 +439,7 @@ HEADLINES = (
              "2-layer-students-of-minilm-on-sst-2-and-conll-2003) (MiniLM teachers, 3 seeds)", distill_answer,
              section="distill", runs=("b9cf256", "e068e0b", "9240e77")),  # not 996811a: the intermediate runs
     Headline("multiple-choice", "[Multiple choice](docs/results/book_choice/README.md#multiple-choice-a-four-way-task-"
-             "from-the-public-domain-books) (four-way, books)",
-             Typed(("54.25%", "", "chance 25%"), "cc8d270, 2026-11-30")),
+             "from-the-public-domain-books) (four-way, books)", book_choice_answer, section="book-choice"),
     Headline("pretrain-budget", f"[Pre-training, 30 CPU minutes of `mini`, against the peer]({R}#pre-training-30-"
              "minutes-of-cpu-mini-bertforge-against-the-peer)", pretrain_answer, section="pretrain-budget"),
     Headline("sst2-mini-vs-random", f"[Does 30 minutes of pre-training beat random weights on SST-2?]({R}#does-pre-"
@@ -448,9 +449,7 @@ HEADLINES = (
              "minilm-continued-on-a-tasks-own-text) (1,000 labelled examples)", tapt_answer, section="tapt",
              runs=("0c67daa", "2d6862c")),
     Headline("ablations", "[The paper's ablations in miniature](docs/results/reproduce_table5/README.md#the-papers-"
-             "ablations-in-miniature-5): Tables 5, 6, 7",
-             Typed(("Table 6 (size) reproduced; Table 5 not; Table 7 in part", "", ""),
-                   "7fe973a, 6f91cd4, a705246, 2026-12-03")),
+             "ablations-in-miniature-5): Tables 5, 6, 7", ablations_answer, section="ablations"),
 
     # BENCHMARKS.md: speed and memory
     Headline("finetune-speed", f"[Fine-tuning against transformers' `Trainer` at its best settings]({B}#fine-tuning-"
@@ -460,8 +459,9 @@ HEADLINES = (
              f"settings]({R}#multi-label-classification-goemotions) (bf16, length-grouped, MiniLM, 3 epochs)",
              Typed(("**1.28×** (771.8 s against 984.5 s), past the 1.20× equal kernels would give; the 1.5× goal is "
                     "not met",), "fae56ea, 16a87a8",
-                   reason="its section's rendered table is the quality acceptance; the timing it cites "
-                          "(`multi_label.py --timing`, `--ceiling`) is not rendered yet")),
+                   reason="its section's rendered table is the quality acceptance; the timing it cites is in "
+                          "no result file (the lr 3e-4 grid pair's wall times, `multi_label.py --timing`'s per-step "
+                          "medians), only `--ceiling`'s is (goemotions/ceiling.json)")),
     Headline("inference", f"[Inference against the peer at its best settings]({B}#inference-against-the-peer-at-its-"
              "best-settings): fp32 (the faster of transformers and ONNX Runtime), bf16 (autocast)", inference_answer,
              section="inference"),
@@ -480,37 +480,31 @@ HEADLINES = (
     Headline("continued-pretrain", "[Continued pre-training step against `run_mlm.py`](docs/results/pretrain_step/"
              "README.md#continued-pre-training-step)", continued_pretrain_answer, section="continued-pretrain"),
     Headline("training-memory", "[Does training memory stay flat?](docs/results/pretrain_memory/README.md#training-"
-             "memory)",
-             Typed(("yes with row buckets (the default): `mini` bf16 1,371 → 1,412 MB over 200 steps, 3,919 MB "
-                    "without",), "128cdc2, 2026-12-02")),
+             "memory)", pretrain_memory_answer, section="pretrain-memory"),
     Headline("varied-batches", "[Inference on shapes that never repeat](docs/results/inference/README.md#inference-"
-             "on-batches-whose-shapes-never-repeat)",
-             Typed(("row buckets: faster at every dtype, growth in the 2nd half ≤ 71.9 MB",),
-                   "3a5fd90, 5aab826, 2026-12-01/04")),
+             "on-batches-whose-shapes-never-repeat)", varied_batches_answer, section="varied-batches"),
     Headline("server", f"[Server throughput]({B}#server-under-load) (16 clients, 2 cores)", serve_answer,
              section="serve-load"),
     Headline("server-limits", "[Server at its limits](docs/results/serve_load/README.md#server-at-its-limits): 50 "
-             "clients at every request limit + 200 slow-header sockets, 10 min, then SIGTERM",
-             Typed(("no answer later than the admission bound (145.8 s ≤ 165.5 s), 1,245 × 429, no 5xx; exit 29.5 s "
-                    "after SIGTERM (graceful 30 s); RSS +8.1%",), "aaa1116, 2026-12-06")),
+             "clients at every request limit + 200 slow-header sockets, 10 min, then SIGTERM", at_limits_answer,
+             section="server-limits"),
     Headline("server-memory", "[Server memory under random traffic](docs/results/serve_memory/README.md#server-memory-"
-             "under-randomised-traffic)", Typed(("+0.6% to +11.1% after warm-up, no 5xx",), "6f112f6, 2026-12-02")),
+             "under-randomised-traffic)", serve_memory_answer, section="server-memory"),
     Headline("tokenizer", f"[Tokenizer throughput]({B}#tokenizer-throughput) against `BertTokenizerFast`",
              tokenizer_answer, section="tokenizer"),
     Headline("tokenizer-long", f"[Tokenizing 1,000,000 characters without spaces]({B}#tokenizer-throughput)",
              tokenizer_long_answer, section="tokenizer-long"),
     Headline("prepare-pretraining", "[Pre-training instances from 54.2 MB of text](docs/results/prepare_pretraining/"
-             "README.md#pre-training-instances-at-corpus-scale)",
-             Typed(("17.79 s with 2 workers, 895.1 MB peak",), "d9b4d71, 2026-11-29")),
+             "README.md#pre-training-instances-at-corpus-scale)", prepare_pretraining_answer,
+             section="prepare-pretraining"),
     Headline("squad-cpu", f"[SQuAD v1.1 fine-tuning on CPU]({B}#squad-fine-tuning-on-cpu) against run_qa",
              squad_cpu_answer, section="squad-cpu"),
     Headline("squad-features", "[SQuAD feature conversion](docs/results/squad/README.md#squad-feature-conversion) "
-             "against run_qa", Typed(("0.45 s / 1.28 s (training features)",), "0be3b1e, 2026-12-01")),
+             "against run_qa", squad_features_answer, section="squad-features"),
     Headline("vocab-extend", "[Vocabulary extension](docs/results/vocab_extend/README.md#vocabulary-extension)",
-             Typed(("1.9% (Wikipedia) and 1.7% (books) fewer tokens",), "c37375e, 2026-12-02")),
+             vocab_extend_answer, section="vocab-extend"),
     Headline("cpu-kernels", "[CPU kernels for inference](docs/results/inference/README.md#cpu-kernels-for-inference)",
-             Typed(("oneDNN's fp32 linear 1.03–1.25× MKL's; packed bf16 1.03–1.53× `F.linear`",),
-                   "84e400e, 2026-12-05")),
+             cpu_kernels_answer, section="cpu-kernels"),
     Headline("distill-speed", f"[How much faster is a distilled student?]({B}#distilled-students-throughput) "
              "(`pipeline`, batch 32, 3-layer student of MiniLM)", distill_speed_answer, section="distill-speed"),
     Headline("embed", f"[Sentence embeddings against sentence-transformers' `encode`]({B}#sentence-embeddings-"

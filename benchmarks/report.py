@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 from .harness import RESULTS, ROOT
 
 PROVENANCE = "provenance.json"  # under docs/results/
-MODULES = ("results", "speed_reports")  # the modules that declare REPORTS
+MODULES = ("results", "speed_reports", "detail_reports")  # the modules that declare REPORTS
 
 Sources = dict[str, Any]  # each source file's parsed JSON, keyed by its path under docs/results/ (posix)
 
@@ -75,11 +75,19 @@ def source_paths(report: Report, root: Path = ROOT) -> list[Path]:
     return paths
 
 
+def parse(path: Path) -> Any:
+    """A result file's JSON; a `.jsonl` file (a JSON record a line, as the scripts that append a run or an
+    epoch at a time write them): the list of its records."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return json.loads(text)
+
+
 def load_sources(report: Report, root: Path = ROOT) -> Sources:
-    """Each source file's JSON, keyed by its path under docs/results/."""
+    """Each source file's JSON (a `.jsonl` file's: its records), keyed by its path under docs/results/."""
     base = root / RESULTS
-    return {path.relative_to(base).as_posix(): json.loads(path.read_text(encoding="utf-8"))
-            for path in source_paths(report, root)}
+    return {path.relative_to(base).as_posix(): parse(path) for path in source_paths(report, root)}
 
 
 def load_provenance(report: Report, root: Path = ROOT) -> dict[str, Any]:
