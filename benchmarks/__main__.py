@@ -9,9 +9,23 @@ from pathlib import Path
 
 from .headlines import Typed, headlines
 from .headlines import registry as headline_registry
-from .harness import ROOT, log, registry, result_path, run, validate, views, write_result
-from .render import render
+from .harness import ROOT, Benchmark, log, registry, result_path, run, source_paths, validate, views, write_result
+from .prose import unbacked
+from .render import Renderable, render
+from .report import Report
 from .report import registry as report_registry
+from .report import source_paths as report_source_paths
+
+
+def files_behind(renderable: Renderable, root: Path) -> list[Path]:
+    """The result files a rendered table reads (none for a headline table: its rows link their sections)."""
+    if isinstance(renderable, Report):
+        return report_source_paths(renderable, root)
+    if isinstance(renderable, Benchmark):
+        return source_paths(renderable, root)
+    if isinstance(renderable, tuple):  # a view: its benchmark's result
+        return source_paths(renderable[0], root)
+    return []
 
 
 def parser() -> argparse.ArgumentParser:
@@ -30,7 +44,8 @@ def parser() -> argparse.ArgumentParser:
                         help="write NAME.json here (default: the benchmark's file under docs/results/; "
                              "with --quick, print the JSON on stdout instead)")
     docs = commands.add_parser("render", help="write the docs' marked tables from their result JSON")
-    docs.add_argument("--check", action="store_true", help="change nothing; fail naming each section that differs")
+    docs.add_argument("--check", action="store_true", help="change nothing; fail naming each section that differs "
+                      "and each figure in RESULTS.md's or BENCHMARKS.md's prose with no result file behind it")
     docs.add_argument("--root", type=Path, default=ROOT, help="the repository whose docs and docs/results to use")
     return top
 
@@ -58,15 +73,19 @@ def main(argv: list[str] | None = None) -> int:
                   f"result files, {len(typed)} typed ({', '.join(typed) or 'none'})\t{table.figure}")
         return 0
     if args.command == "render":
+        root, renderables = args.root.resolve(), {**benchmarks, **tables, **reports, **headline_tables}
         try:
-            stale = render({**benchmarks, **tables, **reports, **headline_tables}, args.root.resolve(),
-                           check=args.check)
+            stale = render(renderables, root, check=args.check)
+            figures = unbacked(lambda name: files_behind(renderables[name], root) if name in renderables else [],
+                               root) if args.check else []
         except (ValueError, OSError) as error:  # a marker without its end, an unknown name, a missing result
             log(f"render: {error}")
             return 2
         for name in stale:
             print(f"{'differs from its JSON' if args.check else 'rendered'}: {name}")
-        return 1 if args.check and stale else 0
+        for problem in figures:
+            print(f"a figure in prose without its result file: {problem}")
+        return 1 if args.check and (stale or figures) else 0
     static = [name for name in args.names if name in reports or name in headline_tables]
     if static:
         log(f"{static}: a report or headline table renders result files already written and has nothing to run "

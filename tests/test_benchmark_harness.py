@@ -376,3 +376,47 @@ def test_a_dirty_runs_caption_names_the_files_that_differed():
     assert "commit abc1234 (uncommitted changes)" in caption(result, [])
     result["commit"] = {"hash": "abc1234", "dirty": False, "changed": []}
     assert "commit abc1234 ·" in caption(result, [])
+
+
+def edited_results(root: Path, old: str, new: str) -> Path:
+    """A copy of RESULTS.md and docs/results/ under `root` with `old` (once in RESULTS.md's prose) replaced."""
+    root.mkdir(exist_ok=True)
+    results_copy(root)
+    text = (root / "RESULTS.md").read_text(encoding="utf-8")
+    assert text.count(old) == 1
+    (root / "RESULTS.md").write_text(text.replace(old, new), encoding="utf-8")
+    return root
+
+
+def test_a_figure_in_prose_with_no_result_file_behind_it_is_named(tmp_path):
+    """A figure typed into a section's prose that none of the files it stands on holds fails the check."""
+    root = edited_results(tmp_path, "so the goal is not met", "so the goal (3.14 points away) is not met")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode == 1
+    section = 'RESULTS.md, "CoNLL-2003 NER, fine-tuned"'
+    assert done.stdout.splitlines() == [f"a figure in prose without its result file: {section}: 3.14 (in no result "
+                                        "file it links)"]
+
+
+def test_a_computed_figure_in_prose_is_recomputed_from_its_files(tmp_path):
+    """SQuAD's goal bar in prose (53.10 ≥ 51.97) is the peer's mean F1 − ½ its std, recomputed from
+    squad/v1.1.json: when the file's std moves, the prose figure is named; a figure typed in its place (the
+    51.98 that rounding the rounded mean and std gives) is named too, with its declaration gone stale."""
+    root = results_copy(tmp_path)
+    path = root / "docs" / "results" / "squad" / "v1.1.json"
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["sides"]["peer"]["scores"]["f1"]["std"] += 0.1
+    path.write_text(json.dumps(data), encoding="utf-8")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode == 1 and '"SQuAD v1.1 and v2.0": 51.97 (computed from squad/v1.1.json: 51.9246)' in done.stdout
+    root = edited_results(tmp_path / "typed", "53.10 ≥ 51.97", "53.10 ≥ 51.98")
+    lines = benchmarks("render", "--check", "--root", str(root)).stdout.splitlines()
+    assert lines == ['a figure in prose without its result file: RESULTS.md, "SQuAD v1.1 and v2.0": 51.98 (in no result '
+                     'file it links)', 'a figure in prose without its result file: RESULTS.md, "SQuAD v1.1 and v2.0": '
+                     '51.97 is declared but is not in that section (drop it from prose.DECLARED)']
+
+
+def test_a_declared_figure_its_section_no_longer_states_is_named(tmp_path):
+    root = edited_results(tmp_path, "(Welch t = −0.94, p = 0.38)", "(Welch t = −0.94)")
+    done = benchmarks("render", "--check", "--root", str(root))
+    assert done.returncode == 1 and "0.38 is declared but is not in that section" in done.stdout
