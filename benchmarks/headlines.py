@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import inference
 from . import legacy
+from . import machine_limit
 from .detail_reports import (ablations_answer, at_limits_answer, book_choice_answer, cpu_kernels_answer,
                              ner_features_answer, prepare_pretraining_answer, pretrain_memory_answer,
                              serve_memory_answer, squad_features_answer, varied_batches_answer, vocab_extend_answer)
@@ -31,8 +32,7 @@ from .harness import ROOT, Benchmark, load_result, registry as benchmark_registr
 from .report import Report, load_provenance, load_sources, registry as report_registry
 from .results import (DISTILL_FILES, bold, describe, distill_group, glue_tasks, mean_std, minus, ner_peer_runs,
                       points, rows)
-from .speed_reports import (distill_speed_answer, finetune_answer, gpu_answer, machine_limit_answer, serve_answer,
-                            squad_cpu_answer)
+from .speed_reports import distill_speed_answer, finetune_answer, gpu_answer, serve_answer, squad_cpu_answer
 
 Cells = tuple[str, ...]
 NOT_RENDERED = "section not yet rendered"  # why a row is typed; anything else must say why
@@ -336,6 +336,17 @@ def dtypes_answer(result: dict[str, Any]) -> Cells:
 def encoder_answer(result: dict[str, Any]) -> Cells:
     """The range of the encoder's ratio over transformers' `BertModel`, at three decimals as the table's."""
     return (span(legacy.ratio_text(case, "bertforge", "transformers", 3) for case in result["cases"]),)
+
+
+def machine_limit_answer(result: dict[str, Any]) -> Cells:
+    """The first configuration's (base's): the fp32 forward's and the training step's share of the peak, and the
+    range of its ratios, as the table writes them."""
+    cases = next(iter(machine_limit.by_configuration(result).values()))
+    size = machine_limit.size_label(next(iter(cases.values()))["params"])
+    shares = {key: f"{machine_limit.share(case, 'bertforge'):.0%}" for key, case in cases.items()}
+    ratios = span(f"{machine_limit.ratio(case):.2f}" for case in cases.values())
+    return (f"{size}: fp32 forward at {shares['forward', 'fp32']} of `torch.mm`'s best, training step "
+            f"{shares['train_step', 'fp32']} (fp32) / {shares['train_step', 'bf16']} (bf16); {ratios}× the peer",)
 
 
 def accuracy_answer(sources: dict[str, Any]) -> Cells:

@@ -88,47 +88,6 @@ def finetune_answer(sources: Sources) -> Cells:
     return (", ".join(parts),)
 
 
-# --- How close to the machine's limit -------------------------------------------------------------------
-
-MACHINE_LIMIT_FILES = ("machine_limit/base.json", "machine_limit/minilm_grouped.json")  # the table's two halves
-MACHINE_LIMIT_WORK = (("forward", "forward"), ("train_step", "training step"))
-PRECISIONS = ("fp32", "bf16")
-
-
-def machine_limit_cells(result: Mapping[str, Any], work: str, precision: str) -> dict[str, Any]:
-    """One work and precision of `machine_limit.py`'s file: both sides' median seconds, the ratio (the peer's
-    seconds over bertforge's) and each side's share of the best square `torch.mm`."""
-    ours, peer = (result["results"][f"{work}_{side}_{precision}"] for side in ("ours", "peer"))
-    return {"seconds": f"{ours['seconds']:.2f} / {peer['seconds']:.2f}", "ratio": peer["seconds"] / ours["seconds"],
-            "ours_peak": ours["fraction_of_peak"], "peer_peak": peer["fraction_of_peak"]}
-
-
-def machine_limit_table(sources: Sources) -> str:
-    """Per work and precision, BERT-base in file order and MiniLM's shape grouped: seconds, ratio, share of
-    the peak (bertforge's and the peer's at base, bertforge's at MiniLM's shape)."""
-    base, minilm = (sources[file] for file in MACHINE_LIMIT_FILES)
-    body = []
-    for work, label in MACHINE_LIMIT_WORK:
-        for precision in PRECISIONS:
-            big, small = machine_limit_cells(base, work, precision), machine_limit_cells(minilm, work, precision)
-            body.append([label, precision, big["seconds"], bold(times(big["ratio"])),
-                         f"{big['ours_peak']:.0%} / {big['peer_peak']:.0%}", small["seconds"],
-                         bold(times(small["ratio"])), f"{small['ours_peak']:.0%} / {small['peer_peak']:.0%}"])
-    return rows(["work", "precision", "base, file order: bertforge / peer s", "**ratio**", "of peak: bertforge / peer",
-                 "MiniLM shape, grouped: bertforge / peer s", "**ratio**", "of peak"], body)
-
-
-def machine_limit_answer(sources: Sources) -> Cells:
-    """At base: the fp32 forward's and the training step's share of the peak, and the range of the ratios."""
-    base = sources[MACHINE_LIMIT_FILES[0]]
-    cells = {(work, precision): machine_limit_cells(base, work, precision)
-             for work, _ in MACHINE_LIMIT_WORK for precision in PRECISIONS}
-    step = {precision: f"{cells['train_step', precision]['ours_peak']:.0%}" for precision in PRECISIONS}
-    ratios = span_text([f"{found['ratio']:.2f}" for found in cells.values()])
-    return (f"base: fp32 forward at {cells['forward', 'fp32']['ours_peak']:.0%} of `torch.mm`'s best, training step "
-            f"{step['fp32']} (fp32) / {step['bf16']} (bf16); {ratios}× the peer",)
-
-
 # --- Server under load ----------------------------------------------------------------------------------
 
 SERVE_ROWS = (  # (file, label, the row bold: the headline's, int8)
@@ -334,8 +293,6 @@ def gpu_answer(sources: Sources) -> Cells:
 REPORTS = (
     Report(name="finetune-speed", figure='BENCHMARKS.md, "Fine-tuning against the peer at its best settings"',
            sources=tuple(file for file, *_ in FINETUNE_TASKS), table=finetune_table),
-    Report(name="machine-limit", figure='''BENCHMARKS.md, "How close to the machine's limit"''',
-           sources=MACHINE_LIMIT_FILES, table=machine_limit_table),
     Report(name="serve-load", figure='BENCHMARKS.md, "Server under load"',
            sources=tuple(file for file, *_ in SERVE_ROWS), table=serve_table),
     Report(name="squad-cpu", figure='BENCHMARKS.md, "SQuAD fine-tuning on CPU"',

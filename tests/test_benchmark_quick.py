@@ -107,26 +107,6 @@ def test_inference_accuracy():
         assert rows[name]["max_abs_logit_diff"] < 1e-4 and rows[name]["predictions_changed"] == 0
 
 
-def test_machine_limit():
-    result = one("machine_limit.py", "--threads", "1")
-    assert result["benchmark"] == "machine_limit" and result["model_size"] == "2/64/2" and result["grouped"]
-    assert 0 < result["real_tokens"] <= result["padded_tokens"] and positive(result["useful_forward_flops"])
-    assert positive(*(peak["gflops_per_s"] for peak in result["matmul_peak"].values()))
-    results = result["results"]
-    for kind in ("forward", "train_step"):
-        for precision in ("fp32", "bf16"):
-            for side in ("ours", "peer"):
-                row = results[f"{kind}_{side}_{precision}"]
-                assert row["precision"] == precision and len(row["seconds_all"]) == 1
-                assert positive(row["seconds"], row["useful_flops_per_s"], row["fraction_of_peak"])
-            assert positive(results[f"{kind}_ratio_ours_over_peer_{precision}"])
-    for name in ("profile_forward_ours_fp32", "profile_train_step_ours_bf16", "profile_train_step_peer_fp32"):
-        profile = results[name]
-        assert positive(profile["wall_s"]) and profile["top_ops"]
-        assert all(fraction(f) for f in profile["fractions"].values())
-        assert results[name]["fractions"]["python_dispatch_rest"] < 1
-
-
 def test_plot_budget_draws_the_kept_logs(tmp_path):
     output = tmp_path / "budget.png"
     result, = quick("plot_budget.py", "--output", output)
