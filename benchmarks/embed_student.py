@@ -25,16 +25,13 @@ if __name__ == "__main__" and not __package__:
     raise SystemExit("benchmarks/embed_student.py runs through the harness, from the repository root: "
                      "python -m benchmarks run embed-student [--quick]")
 
-import atexit  # noqa: E402
 import contextlib  # noqa: E402
-import functools  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from ._common import scratch  # noqa: E402
 from .embed import BATCH, TEXTS, model_directory, sentences  # noqa: E402
 from .harness import ROOT, Benchmark, Params, Prepared  # noqa: E402
 from .inference import GLUE, quiet_libraries  # noqa: E402
@@ -73,12 +70,9 @@ def cli(argv: list[str]) -> None:
         raise SystemExit(f"bertforge {' '.join(argv[:2])} failed ({code})")
 
 
-@functools.lru_cache(maxsize=None)
 def quick_work() -> Path:
     """--quick's folder, one per process (its cases share the pair): a temporary one, not the repository's."""
-    work = Path(tempfile.mkdtemp(prefix="bertforge-embed-student-"))
-    atexit.register(shutil.rmtree, work, True)
-    return work
+    return scratch("bertforge-embed-student-")
 
 
 def build_pair(quick: bool) -> tuple[Path, Path]:

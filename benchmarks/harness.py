@@ -37,7 +37,8 @@ from typing import Any, Callable, Mapping, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("docs") / "results"
 SCHEMA = "bertforge-benchmark/1"
-MODULES = ("tokenizer", "inference", "encoder", "machine_limit", "embed", "embed_student", "pretrain")  # the modules ported onto this harness; each holds BENCHMARKS
+MODULES = ("tokenizer", "inference", "encoder", "machine_limit", "embed", "embed_student", "distill_speed",
+           "pretrain")  # the modules ported onto this harness; each holds BENCHMARKS
 
 Params = dict[str, Any]
 

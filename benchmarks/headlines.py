@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from . import distill_speed
 from . import inference
 from . import legacy
 from . import machine_limit
@@ -32,7 +33,7 @@ from .harness import ROOT, Benchmark, load_result, registry as benchmark_registr
 from .report import Report, load_provenance, load_sources, registry as report_registry
 from .results import (DISTILL_FILES, bold, describe, distill_group, glue_tasks, mean_std, minus, ner_peer_runs,
                       points, rows)
-from .speed_reports import distill_speed_answer, finetune_answer, gpu_answer, serve_answer, squad_cpu_answer
+from .speed_reports import finetune_answer, gpu_answer, serve_answer, squad_cpu_answer, times
 
 Cells = tuple[str, ...]
 NOT_RENDERED = "section not yet rendered"  # why a row is typed; anything else must say why
@@ -418,6 +419,18 @@ def embed_student_answer(result: dict[str, Any]) -> Cells:
     (kept, speed), (kept8, speed8) = kept_and_speed("fp32"), kept_and_speed("int8")
     return (f"keeps **{kept:.1%}** of its teacher's STS-B dev Spearman at **{speed:.2f}×** its fp32 throughput "
             f"(int8: {kept8:.1%} at {speed8:.2f}× the teacher's int8)",)
+
+
+def distill_speed_answer(result: dict[str, Any]) -> Cells:
+    """The goal's student's fp32 and int8 speed-ups over its teacher's fp32 on each task (bold where its goal is
+    met), and the tagger's bound (half its teacher's layers, with the tokenizing and labelling each example needs)."""
+    verdicts = distill_speed.goal(result)
+    found = {task: {dtype: bold(times(verdicts[task][dtype]["speedup"]), verdicts[task][dtype]["met"])
+                    for dtype in ("fp32", "int8")} for task in ("sst2", "conll")}
+    names = distill_speed.NAMES
+    return (f"fp32 {found['sst2']['fp32']} ({names['sst2']}) and {found['conll']['fp32']} ({names['conll']}) its "
+            f"teacher; int8 {found['sst2']['int8']} and {found['conll']['int8']} the teacher's fp32; the tagger's "
+            f"bound {times(verdicts['conll']['bound']['with_pre_post'])}",)
 
 
 # --- the rows ------------------------------------------------------------------------------------------

@@ -4,11 +4,13 @@ A pre-harness script wrote its own JSON shape and recorded no commit, date or me
 adapted, a `provenance` block was added to it (machine, commit, date, the command that made it, and where
 those facts were taken from), which `header` turns into the schema's provenance. The scripts also wrote
 rates (sequences per second) rounded to 0.01 rather than seconds: `side_from_rates` takes each repeat's
-seconds back from its rate, and `ratio_text` writes a ratio at the precision such a file can carry.
+seconds back from its rate, and `ratio_text` writes a ratio at the precision such a file can carry; a script
+that kept every repeat's seconds is read by `side_from_seconds`.
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Any, Mapping, Sequence
 
 from .harness import SCHEMA
@@ -40,6 +42,12 @@ def side_from_rates(work: float, rates: Sequence[float], median_rate: float) -> 
     seconds are taken from it, not from the rounded repeats)."""
     seconds = [work / rate for rate in rates]
     return {"repeats": seconds, "median": work / median_rate, "min": min(seconds), "max": max(seconds)}
+
+
+def side_from_seconds(seconds: Sequence[float]) -> dict[str, Any]:
+    """One side's timing in the schema from a pre-harness file's seconds per repeat (its median, as the harness
+    takes it); such a file recorded no CPU time."""
+    return {"repeats": list(seconds), "median": statistics.median(seconds), "min": min(seconds), "max": max(seconds)}
 
 
 def ratio_text(case: Mapping[str, Any], numerator: str, denominator: str, digits: int) -> str:

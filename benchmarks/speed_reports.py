@@ -14,7 +14,7 @@ import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .report import Report, Sources
-from .results import DISTILL_TASKS, bold, half_up, points, rows, seed_range
+from .results import bold, half_up, points, rows, seed_range
 
 if TYPE_CHECKING:  # headlines imports this module for its answers: only the annotation here
     from .headlines import Cells
@@ -178,59 +178,6 @@ def squad_cpu_answer(sources: Sources) -> Cells:
             f"({times(found['ratio'])}); BERT-Base peak {found['memory']['peak_rss_gib']:.2f} GiB",)
 
 
-# --- Distilled students' throughput ---------------------------------------------------------------------
-
-DISTILL = "distill/distill.json"
-DTYPES = ("fp32", "bf16", "int8")
-GOAL_LAYERS = 3  # the student the goal is set for (the `goal` block: fp32 and int8 over the teacher's fp32)
-DISTILL_NAMES = {task: title.split(" (")[0] for task, title in DISTILL_TASKS}  # `SST-2`: the title less its metric
-
-
-def distill_speedups(throughput: Mapping[str, Any], model: str) -> dict[str, float]:
-    """A model's examples per second per dtype over its teacher's fp32."""
-    teacher = throughput["models"]["teacher"]["dtypes"]["fp32"]["examples_per_s"]
-    return {dtype: found["examples_per_s"] / teacher for dtype, found in throughput["models"][model]["dtypes"].items()}
-
-
-def distill_speed_table(sources: Sources) -> str:
-    """`distill.py --throughput`: per task, the teacher and each student size, examples per second per dtype,
-    the speed-up over the teacher's fp32 and the pipeline's dev score; bold: the goal's student's speed-ups
-    where its goal is met."""
-    result = sources[DISTILL]
-    body = []
-    for task, _ in DISTILL_TASKS:
-        throughput, goal = result["throughput"][task], result["goal"][task]
-        for model, found in throughput["models"].items():
-            layers = found["layers"]
-            dtypes = found["dtypes"]
-            speedups = distill_speedups(throughput, model)
-            met = {dtype: layers == GOAL_LAYERS and goal.get(dtype, {}).get("met", False) for dtype in DTYPES}
-            body.append([DISTILL_NAMES[task], f"teacher, {layers} layers" if model == "teacher" else f"{layers} layers",
-                         *(f"{dtypes[dtype]['examples_per_s']:,.0f}" for dtype in DTYPES),
-                         " / ".join(bold(times(speedups[dtype]), met[dtype]) for dtype in DTYPES),
-                         " / ".join(points(dtypes[dtype]["dev_score"]) for dtype in DTYPES)])
-    return rows(["task", "model", *(f"{dtype} ex/s" for dtype in DTYPES),
-                 f"over the teacher's fp32: {' / '.join(DTYPES)}", f"pipeline's dev score: {' / '.join(DTYPES)}"], body)
-
-
-def distill_speed_answer(sources: Sources) -> Cells:
-    """The goal's student's fp32 and int8 speed-ups over its teacher's fp32 on each task (bold where met), and
-    the tagger's bound (half its teacher's layers, with the pre- and post-processing each example needs)."""
-    result = sources[DISTILL]
-    model = next(name for name, found in result["throughput"]["sst2"]["models"].items()
-                 if found["layers"] == GOAL_LAYERS)
-    found = {}
-    for task, _ in DISTILL_TASKS:
-        speedups = distill_speedups(result["throughput"][task], model)
-        found[task] = {dtype: bold(times(speedups[dtype]), result["goal"][task][dtype]["met"])
-                       for dtype in ("fp32", "int8")}
-    bound = result["goal"]["conll"]["bound_fp32"]["with_pre_post"]
-    return (f"fp32 {found['sst2']['fp32']} ({DISTILL_NAMES['sst2']}) and {found['conll']['fp32']} "
-            f"({DISTILL_NAMES['conll']}) its "
-            f"teacher; int8 {found['sst2']['int8']} and {found['conll']['int8']} the teacher's fp32; the tagger's "
-            f"bound {times(bound)}",)
-
-
 # --- GPU ------------------------------------------------------------------------------------------------
 
 GPU = "gpu/call3_pinned.json"  # the pinned-batch call: the headline table (the others: docs/results/gpu/)
@@ -297,7 +244,5 @@ REPORTS = (
            sources=tuple(file for file, *_ in SERVE_ROWS), table=serve_table),
     Report(name="squad-cpu", figure='BENCHMARKS.md, "SQuAD fine-tuning on CPU"',
            sources=(SQUAD_CPU, SQUAD_QUESTIONS, SQUAD_MEMORY), table=squad_cpu_table),
-    Report(name="distill-speed", figure='''BENCHMARKS.md, "Distilled students' throughput"''',
-           sources=(DISTILL,), table=distill_speed_table),
     Report(name="gpu", figure='BENCHMARKS.md, "GPU"', sources=(GPU,), table=gpu_table),
 )
