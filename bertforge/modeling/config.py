@@ -33,6 +33,9 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+# How the weights a checkpoint lacks (a new head's) are drawn, both with std initializer_range: Google's
+# truncated normal (cut at ±2σ, so its std is 0.88σ; the paper's, the default) or transformers' plain normal.
+INITIALIZERS = ("truncated_normal", "normal")
 
 # The config.json values that an evaluation on dev learns and writes into a fine-tuned model's config, each a
 # path of keys: multi-label's decision thresholds (global and per label) and SQuAD 2.0's no-answer threshold
@@ -149,6 +152,7 @@ class BertConfig:
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     initializer_range: float = 0.02
+    initializer: str = "truncated_normal"  # one of INITIALIZERS; written to config.json only when not this
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     # The paper's left-to-right ablation (§5.1): every token attends only to its left.
@@ -192,6 +196,8 @@ class BertConfig:
                 continue
             if not _is_real(value) or not 0 <= value < 1:
                 raise ValueError(f"{name} must be a number in [0, 1), got {shown(value)}")
+        if self.initializer not in INITIALIZERS:
+            raise ValueError(f"initializer must be one of {INITIALIZERS}, got {shown(self.initializer)}")
         for name in ("initializer_range", "layer_norm_eps"):
             value = getattr(self, name)
             if not _is_real(value) or not (math.isfinite(value) and value > 0):
@@ -255,6 +261,8 @@ class BertConfig:
             values["label2id"] = self.label2id
         if values["classifier_dropout"] is None:
             del values["classifier_dropout"]
+        if values["initializer"] == INITIALIZERS[0]:  # the default: configs stay as transformers writes them
+            del values["initializer"]
         return values
 
     @classmethod

@@ -308,10 +308,14 @@ class PreTrainedBert(nn.Module):
         self.load_report: LoadReport | None = None
 
     def _init_module(self, module: nn.Module) -> None:
-        # Google's modeling.py: truncated normal (±2σ) with σ = initializer_range, zero biases.
+        # Google's modeling.py: truncated normal (±2σ) with σ = initializer_range, zero biases; or, where the
+        # config says `initializer: normal`, transformers' plain normal (multi-label's new heads).
         std = self.config.initializer_range
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
+            if self.config.initializer == "normal":
+                nn.init.normal_(module.weight, std=std)
+            else:
+                nn.init.trunc_normal_(module.weight, std=std, a=-2 * std, b=2 * std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.LayerNorm):

@@ -610,3 +610,29 @@ def test_multi_label_recipe_sets_adam_epsilon_for_finetune_and_distill():
     distill = parser.parse_args(["distill", "--teacher", "t", "--output-dir", "o", "--train-file", "a"])
     assert _arguments(distill, RECIPE).adam_epsilon == 1e-8
     assert _arguments(distill, {"lr": 5e-5}).adam_epsilon == 1e-6
+
+
+def test_the_new_head_is_drawn_as_transformers_draws_it_and_recorded_in_the_config(tiny_model, tmp_path):
+    """Issue 64's cause: multi-label's new classifier is drawn from a plain normal(0, initializer_range), as
+    transformers draws it (`initializer="normal"`: weights past 2σ), every other head from the paper's truncated
+    normal (none past 2σ); the choice is written to config.json only where it is not the default."""
+    from bertforge.modeling.config import BertConfig
+
+    write_goemotions(tmp_path / "train.tsv", rows(16, 1))
+    write_goemotions(tmp_path / "dev.tsv", rows(8, 2))
+    task = multi_label_task(tiny_model, tmp_path / "train.tsv", tmp_path / "dev.tsv", labels_file=_labels(tmp_path),
+                            max_seq_length=32)
+    std = BertConfig.from_pretrained(tiny_model).initializer_range
+
+    def head(**overrides) -> torch.Tensor:
+        torch.manual_seed(5)
+        return BertForSequenceClassification.from_pretrained(tiny_model, **overrides).classifier.weight.detach()
+
+    torch.manual_seed(5)
+    assert torch.equal(task.build_model().classifier.weight.detach(), head(num_labels=4, initializer="normal"))
+    assert head(num_labels=256).abs().max() <= 2 * std < head(num_labels=256, initializer="normal").abs().max()
+    task.build_model().save_pretrained(tmp_path / "saved")
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["initializer"] == "normal"
+    assert "initializer" not in json.loads((tiny_model / "config.json").read_text())
+    with pytest.raises(ValueError, match="initializer must be one of"):
+        BertConfig(initializer="uniform")
