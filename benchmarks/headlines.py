@@ -454,8 +454,8 @@ HEADLINES = (
     Headline("squad-v2.0", f"[SQuAD v2.0 F1 against the peer]({R}#squad-v11-and-v20) (2 / 3 epochs)",
              squad_answer("v2.0", "v2.0_3_epochs"), section="squad"),
     Headline("goemotions", f"[Multi-label GoEmotions against the reference loop]({R}#multi-label-classification-"
-             "goemotions) (MiniLM, dev macro-F1, bertforge's defaults: fp32, shuffled; AdamW ε 1e-8, the issue's "
-             "cause, fixed)", goemotions_answer, section="goemotions"),
+             "goemotions) (MiniLM, dev macro-F1, bertforge's defaults: fp32, shuffled; the issue's two causes, AdamW's "
+             "ε and the new head's initialisation, fixed)", goemotions_answer, section="goemotions"),
     Headline("sentence-embedding", f"[Sentence embeddings: STS-B bi-encoders against sentence-transformers]({R}#"
              "sentence-embeddings-sts-b-bi-encoders) (MiniLM, dev Spearman, its recipe)", sentence_embedding_answer,
              section="sentence-embedding-stsb"),

@@ -464,6 +464,37 @@ def goemotions_labels_table(sources: Sources) -> str:
     return rows(header, body)
 
 
+HEAD_INIT = "goemotions/head_init.json"
+
+
+def goemotions_head_init_table(sources: Sources) -> str:
+    """The same seeds (the same batches and dropout masks) with the new head drawn from the paper's truncated
+    normal and from transformers' plain normal: dev macro-F1 at each run's tuned threshold, then two
+    threshold-free figures (macro average precision, mean binary cross-entropy), each "truncated → normal";
+    each settings block's means last, the mean change in macro-F1 bold."""
+    result = sources[HEAD_INIT]
+
+    def pair_cells(old: Sequence[dict], new: Sequence[dict]) -> list[str]:
+        def mean(runs: Sequence[dict], key: str) -> float:
+            return float(np.mean([run[key] for run in runs]))
+
+        return [f"{points(mean(old, 'macro_f1'))} → {points(mean(new, 'macro_f1'))}",
+                f"{points(mean(old, 'macro_average_precision'))} → {points(mean(new, 'macro_average_precision'))}",
+                f"{mean(old, 'mean_bce'):.4f} → {mean(new, 'mean_bce'):.4f}",
+                f"{100 * (mean(new, 'macro_f1') - mean(old, 'macro_f1')):+.2f}"]
+
+    body = []
+    for settings, _ in GOEMOTIONS_SETTINGS:
+        pairs = result[settings]
+        if not pairs:
+            continue
+        body += [[settings, str(pair["seed"]), *pair_cells([pair["truncated_normal"]], [pair["normal"]])]
+                 for pair in pairs]
+        mean_row = pair_cells([pair["truncated_normal"] for pair in pairs], [pair["normal"] for pair in pairs])
+        body.append([f"**{settings}**", f"mean of {len(pairs)}", *mean_row[:-1], bold(mean_row[-1])])
+    return rows(["settings", "seed", "dev macro-F1", "macro average precision", "mean BCE", "macro-F1 change"], body)
+
+
 def sentence_embedding_table(sources: Sources) -> str:
     """STS-B bi-encoders: each side's dev Spearman and Pearson (× 100) over its seeds, its fine-tuning wall time
     (median over seeds) and bertforge's speed against the peer; the goal Spearman ≥ the peer's mean − ½ std;
@@ -575,4 +606,6 @@ REPORTS = (
            sources=("inference/accuracy_sst2.json",), table=accuracy_table),
     Report(name="goemotions-labels", figure="docs/results/goemotions/README.md, each label's F1 by side",
            sources=("goemotions/acceptance.json",), table=goemotions_labels_table),
+    Report(name="goemotions-head-init", figure="docs/results/goemotions/README.md, the new head's initialisation",
+           sources=(HEAD_INIT,), table=goemotions_head_init_table),
 )
