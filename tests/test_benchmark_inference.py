@@ -167,3 +167,23 @@ def test_render_check_names_an_edited_encoder_figure(tmp_path):
     assert done.returncode != 0 and done.stdout.splitlines() == ["differs from its JSON: BENCHMARKS.md: encoder"]
     assert benchmarks("render", "--root", str(root)).returncode == 0
     assert document.read_text(encoding="utf-8") == text  # render wrote the JSON's figure back
+
+
+def test_the_check_reads_low_precision_by_direction_and_fp32_by_size():
+    """bf16/int8 sides pass while every token points where the reference's does, however far their small
+    components move (dynamic int8 moves MiniLM's by ~15% of the mean magnitude); a side whose tokens point
+    elsewhere fails, and an fp32 side fails past 1e-4."""
+    import torch
+
+    from benchmarks.inference import check
+
+    torch.manual_seed(0)
+    hidden = torch.randn(40, 64)
+    pooled = torch.randn(2, 64)
+    noisy = hidden + 0.2 * torch.randn(40, 64)  # mean |diff| / mean |value| ~0.2, cosine ~0.98
+    facts = check({}, {"peer": [(hidden, pooled)], "int8": [(noisy, pooled)], "ours": [(hidden + 1e-6, pooled)]})
+    assert facts["relative_mean_abs_diff"]["int8"] > 0.1 and facts["mean_token_cosine"]["int8"] > 0.95
+    with pytest.raises(AssertionError, match="int8 differs from peer: .* cosine"):
+        check({}, {"peer": [(hidden, pooled)], "int8": [(torch.randn(40, 64), pooled)]})
+    with pytest.raises(AssertionError, match="ours differs from peer"):
+        check({}, {"peer": [(hidden, pooled)], "ours": [(hidden + 1e-3, pooled)]})

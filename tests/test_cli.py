@@ -8,6 +8,7 @@ import pytest
 
 from bertforge import BertForPreTraining
 from bertforge.cli import main
+from bertforge import quickstart
 from bertforge.quickstart import run_quickstart
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tf_bert_tiny"
@@ -29,11 +30,14 @@ def test_convert_tf_missing_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_quickstart_pipeline_learns(tmp_path, capsys):
+def test_quickstart_pipeline_learns(tmp_path, capsys, monkeypatch, minilm_dir):
     # The real pipeline, shortened: the held-out masked-LM loss must fall from its first evaluation, and the
-    # pre-trained model is scored beside the frequency baseline and the random-init model.
+    # pre-trained model is scored beside the frequency baseline and the random-init model; the real
+    # checkpoint's comparison on a few passages, one seed.
+    monkeypatch.setattr(quickstart, "REAL_TRAIN_EXAMPLES", 48)
+    monkeypatch.setattr(quickstart, "REAL_MAX_SEQ_LENGTH", 32)
     run_quickstart(tmp_path, vocab_size=3000, max_steps=60, batch_size=16, genre_epochs=1, genre_max_examples=256,
-                   cloze_size=50)
+                   cloze_size=50, real_model=minilm_dir, real_seeds=(3,))
     captured = capsys.readouterr()
     printed = captured.out
     # The plays' long verse sentences are summarised in one line, not warned about play by play.
@@ -49,6 +53,11 @@ def test_quickstart_pipeline_learns(tmp_path, capsys):
     assert report["held_out_last_eval"]["eval_mlm_loss"] < report["held_out_first_eval"]["eval_mlm_loss"]
     assert (tmp_path / "pretrain" / "final" / "model.safetensors").is_file()
     assert (tmp_path / "features.jsonl").read_text().count("\n") == 2
+    real = report["genre_real_checkpoint"]
+    assert (real["layers"], real["hidden_size"], real["train_examples"], real["seeds"]) == (6, 384, 48, [3])
+    assert all(0 <= a <= 1 for a in real["pre-trained"] + real["random init"]) and len(real["random init"]) == 1
+    assert f"the same task from a real checkpoint ({minilm_dir}; L=6, H=384)" in printed
+    assert not (tmp_path / "real_checkpoint" / "random_init_seed3").exists()  # the random weights are not kept
 
     mlm = report["held_out_mlm_accuracy"]
     assert mlm["masked_tokens"] > 1000
@@ -77,6 +86,24 @@ def test_quickstart_pipeline_learns(tmp_path, capsys):
         assert "[MASK]" in prompt["line"] and len(prompt["top5"]) == 5
         for key in ("rank_pre_trained", "rank_random_init", "rank_frequency"):
             assert 1 <= prompt[key] <= cloze["candidates"]
+
+
+def test_quickstart_refuses_a_missing_real_checkpoint_before_any_work(tmp_path):
+    with pytest.raises(Exception, match="nowhere"):
+        run_quickstart(tmp_path / "out", real_model=tmp_path / "nowhere")
+    assert not (tmp_path / "out").exists()
+
+
+def test_quickstart_passage_sample_is_fixed_and_mixes_the_genres():
+    from bertforge.corpus import shakespeare_plays
+    from bertforge.quickstart import genre_passages, sample_passages
+
+    train, _ = genre_passages(shakespeare_plays())
+    sample = sample_passages(train, 300)
+    assert [e.guid for e in sample] == [e.guid for e in sample_passages(train, 300)]
+    assert len(sample) == 300 and {e.label for e in sample} == {"comedy", "history", "tragedy"}
+    assert {e.label for e in train[:300]} != {"comedy", "history", "tragedy"}  # why a prefix would not do
+    assert sample_passages(train, None) is train
 
 
 def test_quickstart_cloze_items_are_fixed_and_whole_words(tmp_path):
