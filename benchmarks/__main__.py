@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .headlines import Typed, headlines
 from .headlines import registry as headline_registry
-from .harness import ROOT, Benchmark, log, registry, result_path, run, source_paths, validate, views, write_result
+from .harness import (ROOT, Benchmark, joined, log, registry, result_path, run, source_paths, validate, views,
+                      write_result)
 from .prose import unbacked
 from .render import Renderable, render
 from .report import Report
@@ -23,8 +24,8 @@ def files_behind(renderable: Renderable, root: Path) -> list[Path]:
         return report_source_paths(renderable, root)
     if isinstance(renderable, Benchmark):
         return source_paths(renderable, root)
-    if isinstance(renderable, tuple):  # a view: its benchmark's result
-        return source_paths(renderable[0], root)
+    if isinstance(renderable, tuple):  # a view: its benchmark's result, and those of the benchmarks it joins
+        return [path for owner in joined(*renderable) for path in source_paths(owner, root)]
     return []
 
 
@@ -63,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         for benchmark in benchmarks.values():
             print(f"{benchmark.name}\t{' vs '.join(benchmark.sides)}\t{benchmark.figure}")
         for name, (benchmark, view) in tables.items():
-            print(f"{name}\tview of {benchmark.name} (its result rendered again; nothing to run)\t{view.figure}")
+            owners = " and ".join(owner.name for owner in joined(benchmark, view))
+            again = "their results rendered again as one table" if view.joins else "its result rendered again"
+            print(f"{name}\tview of {owners} ({again}; nothing to run)\t{view.figure}")
         for report in reports.values():
             print(f"{report.name}\treport (rendered from its result files; nothing to run)\t{report.figure}")
         rows = headlines()
@@ -91,10 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{static}: a report or headline table renders result files already written and has nothing to run "
             "(`python -m benchmarks render`; docs/results/provenance.json gives the commands that made them)")
         return 2
-    shown = {name: tables[name][0].name for name in args.names if name in tables}
+    shown = {name: " ".join(owner.name for owner in joined(*tables[name])) for name in args.names if name in tables}
     if shown:
-        log("a view renders its benchmark's result and has nothing of its own to run: "
-            + ", ".join(f"{name}: run {parent}" for name, parent in shown.items()))
+        log("a view renders its benchmarks' results and has nothing of its own to run: "
+            + ", ".join(f"{name}: run {parents}" for name, parents in shown.items()))
         return 2
     unknown = [name for name in args.names if name not in benchmarks]
     if unknown:

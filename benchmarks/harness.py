@@ -12,8 +12,22 @@ the first warm-up's outputs go to `check`, which compares the sides and returns 
 token count, say) or raises; then `repeats` rounds, each running every side once, the order rotated by
 one per round (A B, B A, A B, ...) so that neither side always runs on a machine the other just warmed.
 Each timed run is one `time.perf_counter` interval around a zero-argument call, after `gc.collect()`; the
-process's CPU time over the same call is kept beside it (`cpu_seconds`: all threads together, and what other
-work on a busy machine does not inflate).
+CPU time over the same call is kept beside it (`cpu_seconds`: the process's, all threads together, plus
+that of the child processes it waited for in the call, so that a side run as a subprocess has one too; what
+other work on a busy machine does not inflate).
+
+Two variations, for sides that run their work in a fresh process per call (a fine-tuning run, say):
+
+- A side may time itself: a call that returns `Measured(seconds, output)` has `seconds` recorded as its
+  time (the work's own interval: a subprocess's training, without its start-up and data loading), the
+  outer interval kept beside it (`outer_seconds` in the side's summary), and `output` is what `check`
+  receives. A side returns `Measured` from every call or from none.
+- `warmup=0`: there is nothing to warm (every call starts afresh) and a call is too long to run untimed, so
+  `check` receives the outputs of the first timed round instead, once all rounds have run.
+
+A view (`View`) renders a benchmark's result again under its own marker; one that `joins` other benchmarks
+renders their results with it, as one table (a row per task, say, each task a benchmark of its own so that
+it can be rerun alone).
 """
 
 from __future__ import annotations
@@ -38,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("docs") / "results"
 SCHEMA = "bertforge-benchmark/1"
 MODULES = ("tokenizer", "inference", "encoder", "machine_limit", "embed", "embed_student", "distill_speed",
-           "pretrain")  # the modules ported onto this harness; each holds BENCHMARKS
+           "pretrain", "finetune")  # the modules ported onto this harness; each holds BENCHMARKS
 
 Params = dict[str, Any]
 
@@ -52,17 +66,30 @@ class Prepared:
 
 
 @dataclass(frozen=True)
+class Measured:
+    """What a side's call returns when it times its own work (see the module docstring): `seconds`, the work's
+    own interval, is recorded as the call's time; `output` is what `check` receives."""
+
+    seconds: float
+    output: Any
+
+
+@dataclass(frozen=True)
 class View:
     """A second table of a benchmark's result, rendered under its own marker (a longer table in docs/results/
     beside the docs' summary, say): `run` has nothing more to do for it, `render` reads the same result.
 
     name: its `<!-- render: NAME -->` marker; figure: the table it writes, as `list` prints it;
     table: `table(result)`, as `Benchmark.table`.
+    joins: other benchmarks whose results the table reads too (`join`: one result with every benchmark's
+        cases, its own first, then these in order); the caption states each result's provenance. Empty: its
+        benchmark's result alone.
     """
 
     name: str
     figure: str
     table: Callable[[dict[str, Any]], str]
+    joins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,8 +101,9 @@ class Benchmark:
     sides: the contenders, in the order the first round runs them (bertforge first, then each peer).
     cases: `cases(quick)` gives the cases' parameters, at full size or, with `quick`, toy size (seconds).
     setup: `setup(params)` builds one case's sides, untimed.
-    check: `check(params, outputs)`, outputs of the first warm-up keyed by side: compares them, returns
-        facts about the work (recorded with the case), raises when the sides disagree.
+    check: `check(params, outputs)`, outputs of the first warm-up keyed by side (with `warmup` 0: of the
+        first timed round, once every round has run): compares them, returns facts about the work (recorded
+        with the case), raises when the sides disagree.
     table: `table(result)` renders a result (the schema below) as the Markdown table of the docs.
     result: its current result file, relative to docs/results/ (what `render` reads and a full run writes).
     legacy: `legacy(old)` turns a result file written before the harness into the schema, so that its
@@ -87,7 +115,8 @@ class Benchmark:
         file `legacy` adapts.
     views: further tables of the same result (`View`), each under its own marker.
     packages: libraries whose versions the result records besides python, torch, transformers, bertforge.
-    repeats, quick_repeats, warmup, threads: the defaults of the timing protocol.
+    repeats, quick_repeats, warmup, threads: the defaults of the timing protocol (warmup 0: for sides that
+        start afresh on every call, see the module docstring).
     """
 
     name: str
@@ -108,8 +137,8 @@ class Benchmark:
     threads: int = 2
 
     def __post_init__(self) -> None:
-        if not self.sides or self.warmup < 1:
-            raise ValueError(f"{self.name}: a benchmark needs a side and a warm-up (its outputs go to `check`)")
+        if not self.sides or self.warmup < 0:
+            raise ValueError(f"{self.name}: a benchmark needs a side, and no negative warm-up")
         if self.legacy_files and self.legacy is None:
             raise ValueError(f"{self.name}: legacy_files need a legacy adaptor")
 
@@ -127,14 +156,30 @@ def registry() -> dict[str, Benchmark]:
 
 
 def views(benchmarks: Mapping[str, Benchmark]) -> dict[str, tuple[Benchmark, View]]:
-    """Every benchmark's views by name, each with the benchmark whose result it renders."""
+    """Every benchmark's views by name, each with the benchmark whose result it renders; raises on a view that
+    joins a benchmark not in `benchmarks`."""
     found: dict[str, tuple[Benchmark, View]] = {}
     for benchmark in benchmarks.values():
         for view in benchmark.views:
             if view.name in found or view.name in benchmarks:
                 raise ValueError(f"two benchmarks or views named {view.name!r}")
+            unknown = [name for name in view.joins if name not in benchmarks]
+            if unknown:
+                raise ValueError(f"view {view.name!r} joins no benchmark named {unknown}")
             found[view.name] = (benchmark, view)
     return found
+
+
+def joined(benchmark: Benchmark, view: View) -> list[Benchmark]:
+    """The benchmarks whose results a view of `benchmark` renders: `benchmark`, then those the view joins."""
+    found = registry()
+    return [benchmark, *(found[name] for name in view.joins)]
+
+
+def join(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Several benchmarks' results as the one result a joining view's table reads: the first's fields, with
+    every result's cases in order (one result: itself)."""
+    return {**results[0], "cases": [case for result in results for case in result["cases"]]}
 
 
 def log(message: str) -> None:
@@ -142,11 +187,27 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def summary(seconds: Sequence[float], cpu_seconds: Sequence[float]) -> dict[str, Any]:
+def summary(seconds: Sequence[float], cpu_seconds: Sequence[float],
+            outer_seconds: Sequence[float] | None = None) -> dict[str, Any]:
     """One side's timings: every repeat as measured, the median (what the docs report) and the spread, then
-    the CPU time of every repeat."""
-    return {"repeats": list(seconds), "median": statistics.median(seconds), "min": min(seconds), "max": max(seconds),
-            "cpu_seconds": list(cpu_seconds)}
+    the CPU time of every repeat, and for a side that timed itself (`Measured`) each call's outer interval."""
+    found = {"repeats": list(seconds), "median": statistics.median(seconds), "min": min(seconds),
+             "max": max(seconds), "cpu_seconds": list(cpu_seconds)}
+    if outer_seconds is not None:
+        found["outer_seconds"] = list(outer_seconds)
+    return found
+
+
+def cpu_time() -> float:
+    """This process's CPU time (all threads) plus that of its child processes waited for: a call's difference
+    counts the work of a subprocess it ran to the end."""
+    children = os.times()
+    return time.process_time() + children.children_user + children.children_system
+
+
+def unwrap(output: Any) -> Any:
+    """What `check` receives of a call's output: a `Measured`'s output, anything else as it is."""
+    return output.output if isinstance(output, Measured) else output
 
 
 def time_case(benchmark: Benchmark, params: Params, repeats: int) -> dict[str, Any]:
@@ -158,27 +219,37 @@ def time_case(benchmark: Benchmark, params: Params, repeats: int) -> dict[str, A
     outputs: dict[str, Any] = {}
     for round_ in range(benchmark.warmup):
         for side in benchmark.sides:
-            output = prepared.sides[side]()
+            output = unwrap(prepared.sides[side]())
             if round_ == 0:
                 outputs[side] = output
-    facts = {**prepared.facts, **benchmark.check(params, outputs)}
-    del outputs
+    checked = benchmark.check(params, outputs) if benchmark.warmup else None
+    outputs.clear()
     times: dict[str, list[float]] = {side: [] for side in benchmark.sides}
+    outer: dict[str, list[float]] = {side: [] for side in benchmark.sides}
     cpu: dict[str, list[float]] = {side: [] for side in benchmark.sides}
+    measured: set[str] = set()  # the sides that timed themselves
     for round_ in range(repeats):
         shift = round_ % len(benchmark.sides)
         for side in benchmark.sides[shift:] + benchmark.sides[:shift]:
             call = prepared.sides[side]
             gc.collect()
-            start, cpu_start = time.perf_counter(), time.process_time()
+            start, cpu_start = time.perf_counter(), cpu_time()
             output = call()
-            times[side].append(time.perf_counter() - start)
-            cpu[side].append(time.process_time() - cpu_start)
+            outer[side].append(time.perf_counter() - start)
+            cpu[side].append(cpu_time() - cpu_start)
+            if isinstance(output, Measured):
+                measured.add(side)
+            times[side].append(output.seconds if isinstance(output, Measured) else outer[side][-1])
+            if not benchmark.warmup and round_ == 0:
+                outputs[side] = unwrap(output)
             del output  # freed after the clock stops: a large result's deallocation is not the side's work
         log(f"{benchmark.name} {params} round {round_ + 1}/{repeats}: "
             + ", ".join(f"{side} {times[side][-1]:.3f} s" for side in benchmark.sides))
-    sides = {side: summary(times[side], cpu[side]) for side in benchmark.sides}
-    return {"params": params, "facts": facts, "sides": sides}
+    if checked is None:  # warmup 0: the first timed round's outputs
+        checked = benchmark.check(params, outputs)
+    sides = {side: summary(times[side], cpu[side], outer[side] if side in measured else None)
+             for side in benchmark.sides}
+    return {"params": params, "facts": {**prepared.facts, **checked}, "sides": sides}
 
 
 def machine() -> dict[str, Any]:

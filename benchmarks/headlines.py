@@ -18,22 +18,24 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from . import distill_speed
+from . import finetune
 from . import inference
 from . import legacy
 from . import machine_limit
 from .detail_reports import (ablations_answer, at_limits_answer, book_choice_answer, cpu_kernels_answer,
                              ner_features_answer, prepare_pretraining_answer, pretrain_memory_answer,
                              serve_memory_answer, squad_features_answer, varied_batches_answer, vocab_extend_answer)
-from .harness import ROOT, Benchmark, load_result, registry as benchmark_registry, views
+from .harness import ROOT, Benchmark, View, join, joined, load_result, registry as benchmark_registry, views
 from .report import Report, load_provenance, load_sources, registry as report_registry
 from .results import (DISTILL_FILES, bold, describe, distill_group, glue_tasks, mean_std, minus, ner_peer_runs,
                       points, rows)
-from .speed_reports import finetune_answer, gpu_answer, serve_answer, squad_cpu_answer, times
+from .speed_reports import gpu_answer, serve_answer, squad_cpu_answer, times
 
 Cells = tuple[str, ...]
 NOT_RENDERED = "section not yet rendered"  # why a row is typed; anything else must say why
@@ -421,6 +423,16 @@ def embed_student_answer(result: dict[str, Any]) -> Cells:
             f"(int8: {kept8:.1%} at {speed8:.2f}× the teacher's int8)",)
 
 
+def finetune_answer(result: dict[str, Any]) -> Cells:
+    """Per task, the median of the runs' ratios and its epochs, bold where it meets the goal."""
+    parts = []
+    for case in result["cases"]:
+        median, epochs = statistics.median(finetune.ratios(case)), case["params"]["epochs"]
+        parts.append(f"{bold(times(median), median >= finetune.GOAL)} on {finetune.TASKS[case['params']['task']][0]} "
+                     f"({epochs:g} epoch{'' if epochs == 1 else 's'})")
+    return (", ".join(parts),)
+
+
 def distill_speed_answer(result: dict[str, Any]) -> Cells:
     """The goal's student's fp32 and int8 speed-ups over its teacher's fp32 on each task (bold where its goal is
     met), and the tagger's bound (half its teacher's layers, with the tokenizing and labelling each example needs)."""
@@ -584,31 +596,36 @@ def registry() -> dict[str, HeadlineTable]:
 
 # --- rendering -----------------------------------------------------------------------------------------
 
-Sections = Mapping[str, Benchmark | Report]  # by name: a report, or the benchmark whose result it renders
+Section = Benchmark | Report | tuple[Benchmark, View]  # a view: with the benchmark whose result it renders
+Sections = Mapping[str, Section]  # by name
 
 
-def sections() -> dict[str, Benchmark | Report]:
-    """Every section a row can read: the reports, the benchmarks, and each view as its benchmark (whose
-    result it renders)."""
+def sections() -> dict[str, Section]:
+    """Every section a row can read: the reports, the benchmarks, and each view with its benchmark."""
     benchmarks = benchmark_registry()
-    return {**report_registry(), **benchmarks, **{name: owner for name, (owner, _) in views(benchmarks).items()}}
+    return {**report_registry(), **benchmarks, **views(benchmarks)}
 
 
-def section_data(section: Benchmark | Report, root: Path = ROOT) -> tuple[Any, str | None]:
+def section_data(section: Section, root: Path = ROOT) -> tuple[Any, str | None]:
     """What a row's function reads, as the section's table reads it (a report's sources; a benchmark's result,
-    pre-harness files adapted), and the section's caption's commits and dates as a "commit, date" cell for
-    every run (None for a report, whose runs `commit_cell` picks)."""
+    pre-harness files adapted; a view's, joined with those of the benchmarks it joins), and the section's
+    captions' commits and dates as a "commit, date" cell for every run (None for a report, whose runs
+    `commit_cell` picks)."""
     if isinstance(section, Report):
         return load_sources(section, root), None
-    result = load_result(section, root)
-    version = result["commit"]
-    commits = str(version["hash"]).split(", ")
-    if version.get("dirty"):
-        commits[-1] += " (uncommitted changes)"
-    return result, commit_text(commits, str(result["date"]).split(", "))
+    results = [load_result(owner, root) for owner in (joined(*section) if isinstance(section, tuple) else [section])]
+    commits, dates = [], []
+    for result in results:
+        version = result["commit"]
+        mine = str(version["hash"]).split(", ")
+        if version.get("dirty"):
+            mine[-1] += " (uncommitted changes)"
+        commits += mine
+        dates += str(result["date"]).split(", ")
+    return join(results), commit_text(commits, dates)
 
 
-def commit_cell(row: Headline, section: Benchmark | Report, cell: str | None, root: Path = ROOT) -> str:
+def commit_cell(row: Headline, section: Section, cell: str | None, root: Path = ROOT) -> str:
     """A row's "commit, date": a benchmark's result's; a report's provenance runs (those in `row.runs`,
     in its order, each of which must be among them)."""
     if cell is not None:

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 from . import headlines
 from . import report as reports
-from .harness import ROOT, Benchmark, View, load_result, result_path, source_paths
+from .harness import ROOT, Benchmark, View, join, joined, load_result, result_path, source_paths
 from .headlines import HeadlineTable
 from .report import Report
 
@@ -72,17 +72,23 @@ def caption(result: Mapping[str, Any], json_links: Sequence[str]) -> str:
 
 def section(benchmark: Renderable, document: Path, root: Path = ROOT) -> str:
     """What belongs between a benchmark's (or a view's) markers in `document`: the caption, a blank line,
-    the table (a report's section: `report.section`; a headline table's: `headlines.section`)."""
+    the table (a report's section: `report.section`; a headline table's: `headlines.section`). A view that
+    joins other benchmarks: each result's caption, a paragraph each, then the one table of them all."""
     if isinstance(benchmark, Report):
         return reports.section(benchmark, document, root)
     if isinstance(benchmark, HeadlineTable):
         return headlines.section(benchmark, document, root)
-    owner, table = (benchmark[0], benchmark[1].table) if isinstance(benchmark, tuple) else (benchmark, benchmark.table)
-    result = load_result(owner, root)
-    if result.get("quick"):
-        raise ValueError(f"{result_path(owner, root)} is a --quick run: toy sizes do not back a figure")
-    links = [os.path.relpath(path, document.parent) for path in source_paths(owner, root)]
-    return f"{caption(result, links)}\n\n{table(result).rstrip()}\n"
+    owners, table = (joined(*benchmark), benchmark[1].table) if isinstance(benchmark, tuple) else (
+        [benchmark], benchmark.table)
+    results, captions = [], []
+    for owner in owners:
+        result = load_result(owner, root)
+        if result.get("quick"):
+            raise ValueError(f"{result_path(owner, root)} is a --quick run: toy sizes do not back a figure")
+        links = [os.path.relpath(path, document.parent) for path in source_paths(owner, root)]
+        results.append(result)
+        captions.append(caption(result, links))
+    return "\n\n".join(captions) + f"\n\n{table(join(results)).rstrip()}\n"
 
 
 def render_text(text: str, document: Path, benchmarks: Mapping[str, Renderable], root: Path = ROOT) -> str:

@@ -10,11 +10,10 @@ from its files is declared beside it: the rows' labels and order, the goals, and
 
 from __future__ import annotations
 
-import statistics
 from typing import TYPE_CHECKING, Any, Mapping
 
 from .report import Report, Sources
-from .results import bold, half_up, points, rows, seed_range
+from .results import bold, half_up, rows, seed_range
 
 if TYPE_CHECKING:  # headlines imports this module for its answers: only the annotation here
     from .headlines import Cells
@@ -35,57 +34,6 @@ def span_text(figures: list[str]) -> str:
     from .headlines import span
 
     return span(figures)
-
-
-# --- Fine-tuning against the peer at its best settings ------------------------------------------------
-
-FINETUNE_GOAL = 1.5  # bertforge's wall time against the peer at its best (the fine-tuning issue's goal)
-FINETUNE_TASKS = (  # (file, task, the dev metric's key and label), in the table's order
-    ("finetune_speed/mrpc_3_epochs_best_peer_grouped.json", "MRPC", "f1", "F1"),
-    ("finetune_speed/sst2_1_epoch_best_peer_grouped.json", "SST-2", "accuracy", "acc."),
-)
-OURS, PEER = "ours_bf16_grouped", "peer_best"  # finetune.py's sides in these files
-
-
-def finetune_runs(sources: Sources, file: str) -> list[dict]:
-    """A task's runs in run order (each a side per key, `wall_seconds` and dev `metrics`)."""
-    return sorted(sources[file]["runs"], key=lambda run: run["run"])
-
-
-def finetune_ratios(runs: list[dict]) -> list[float]:
-    """The peer's wall time over bertforge's, per run."""
-    return [run[PEER]["wall_seconds"] / run[OURS]["wall_seconds"] for run in runs]
-
-
-def finetune_table(sources: Sources) -> str:
-    """`finetune.py`'s runs per task: each side's wall seconds per run, the ratio per run and its median
-    against the goal, and the dev score (one seed: every run of a side scores the same; the first run's)."""
-    body, numbers = [], set()
-    for file, task, metric, label in FINETUNE_TASKS:
-        runs = finetune_runs(sources, file)
-        ratios = finetune_ratios(runs)
-        numbers.add(seed_range([run["run"] for run in runs]))
-        median = statistics.median(ratios)
-        dev = " / ".join(points(runs[0][side]["metrics"][metric]) for side in (OURS, PEER))
-        body.append([task, f"{runs[0]['epochs']:g}",
-                     " / ".join(f"{run[OURS]['wall_seconds']:.1f}" for run in runs),
-                     " / ".join(f"{run[PEER]['wall_seconds']:.1f}" for run in runs),
-                     " / ".join(map(times, ratios)), bold(times(median)), f"≥ {FINETUNE_GOAL:g}×", f"{label} {dev}"])
-    [number] = numbers  # both tasks ran in the same runs
-    return rows(["task", "epochs", f"bertforge s (runs {number})", f"peer s (runs {number})", "bertforge / peer",
-                 "**median**", "goal", "dev (bertforge / peer)"], body)
-
-
-def finetune_answer(sources: Sources) -> Cells:
-    """The median ratio per task and its epochs, bold where it meets the goal."""
-    parts = []
-    for file, task, _, _ in FINETUNE_TASKS:
-        runs = finetune_runs(sources, file)
-        median = statistics.median(finetune_ratios(runs))
-        epochs = runs[0]["epochs"]
-        parts.append(f"{bold(times(median), median >= FINETUNE_GOAL)} on {task} "
-                     f"({epochs:g} epoch{'' if epochs == 1 else 's'})")
-    return (", ".join(parts),)
 
 
 # --- Server under load ----------------------------------------------------------------------------------
@@ -238,8 +186,6 @@ def gpu_answer(sources: Sources) -> Cells:
 
 
 REPORTS = (
-    Report(name="finetune-speed", figure='BENCHMARKS.md, "Fine-tuning against the peer at its best settings"',
-           sources=tuple(file for file, *_ in FINETUNE_TASKS), table=finetune_table),
     Report(name="serve-load", figure='BENCHMARKS.md, "Server under load"',
            sources=tuple(file for file, *_ in SERVE_ROWS), table=serve_table),
     Report(name="squad-cpu", figure='BENCHMARKS.md, "SQuAD fine-tuning on CPU"',

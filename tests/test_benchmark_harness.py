@@ -420,3 +420,100 @@ def test_a_declared_figure_its_section_no_longer_states_is_named(tmp_path):
     root = edited_results(tmp_path, "(Welch t = −0.94, p = 0.38)", "(Welch t = −0.94)")
     done = benchmarks("render", "--check", "--root", str(root))
     assert done.returncode == 1 and "0.38 is declared but is not in that section" in done.stdout
+
+
+# --- the timing protocol: sides that time themselves, no warm-up, CPU time of child processes ---------------
+
+def protocol(sides: dict, check, warmup: int):
+    """A two-sided benchmark of `sides` (name -> call) for `time_case`, its one case `{"n": 1}`."""
+    from benchmarks.harness import Benchmark, Prepared
+
+    return Benchmark(name="protocol", figure="none", sides=tuple(sides), cases=lambda quick: [{"n": 1}],
+                     setup=lambda params: Prepared(sides=sides), check=check, table=lambda result: "",
+                     result="none.json", warmup=warmup)
+
+
+def counting(name: str, calls: list, measured: float | None = None):
+    """A side that appends (name, its call number) to `calls` and returns it, in `Measured(measured, ...)` when
+    `measured` is given."""
+    from benchmarks.harness import Measured
+
+    def call():
+        calls.append((name, sum(1 for called, _ in calls if called == name)))
+        return calls[-1] if measured is None else Measured(measured, calls[-1])
+
+    return call
+
+
+def test_a_side_that_times_itself_is_recorded_at_its_own_seconds():
+    """A `Measured` call's seconds are its repeats, the harness's interval kept beside them as `outer_seconds`;
+    `check` receives its output. A plain side keeps the harness's interval and has no outer one."""
+    from benchmarks.harness import time_case
+
+    calls, checked = [], {}
+    sides = {"self-timed": counting("self-timed", calls, measured=123.0), "plain": counting("plain", calls)}
+    result = time_case(protocol(sides, lambda params, outputs: checked.update(outputs) or {}, warmup=1), {"n": 1}, 3)
+    timed, plain = result["sides"]["self-timed"], result["sides"]["plain"]
+    assert timed["repeats"] == [123.0] * 3 and timed["median"] == 123.0
+    assert len(timed["outer_seconds"]) == 3 and all(0 <= seconds < 123.0 for seconds in timed["outer_seconds"])
+    assert "outer_seconds" not in plain and all(seconds < 123.0 for seconds in plain["repeats"])
+    assert checked == {"self-timed": ("self-timed", 0), "plain": ("plain", 0)}  # the warm-up's, unwrapped
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_check_receives_the_first_warm_up_or_without_one_the_first_timed_round(warmup):
+    """With a warm-up, `check` runs before the rounds on its first outputs; with `warmup=0`, after every round
+    on the first round's. The sides alternate in either case (A B, B A, A B) and run warmup + repeats times."""
+    from benchmarks.harness import time_case
+
+    calls, seen = [], []
+
+    def check(params, outputs):
+        seen.append((dict(outputs), len(calls)))
+        return {"checked": True}
+
+    sides = {"a": counting("a", calls, measured=1.0), "b": counting("b", calls)}
+    result = time_case(protocol(sides, check, warmup=warmup), {"n": 1}, 3)
+    [(outputs, calls_before)] = seen
+    assert outputs == {"a": ("a", 0), "b": ("b", 0)}  # each side's first call either way
+    assert calls_before == (2 * warmup if warmup else 6)
+    assert [name for name, _ in calls[2 * warmup:]] == ["a", "b", "b", "a", "a", "b"]
+    assert result["facts"] == {"checked": True} and len(result["sides"]["a"]["repeats"]) == 3
+
+
+def test_a_negative_warm_up_is_refused():
+    with pytest.raises(ValueError, match="warm-up"):
+        protocol({"a": lambda: None}, lambda params, outputs: {}, warmup=-1)
+
+
+def test_cpu_seconds_count_the_child_processes_a_call_waits_for():
+    """A side that runs its work in a subprocess has that work's CPU time, which the harness's process alone
+    would not show."""
+    from benchmarks.harness import time_case
+
+    burn = [sys.executable, "-c", "import time\nend = time.process_time() + 0.4\nwhile time.process_time() < end: pass"]
+    sides = {"child": lambda: subprocess.run(burn, check=True), "idle": lambda: None}
+    result = time_case(protocol(sides, lambda params, outputs: {}, warmup=0), {"n": 1}, 1)
+    assert result["sides"]["child"]["cpu_seconds"][0] >= 0.4
+    assert result["sides"]["idle"]["cpu_seconds"][0] < 0.1
+
+
+# --- a view that joins benchmarks: the fine-tuning section, a benchmark per task ---------------------------
+
+def test_a_joining_view_renders_each_results_caption_and_one_table():
+    """finetune-speed joins finetune-sst2 to finetune-mrpc: each result's caption (its command and JSON), then
+    one table with a row per task; the headline row reads both; `run` names both benchmarks for it."""
+    from benchmarks.harness import registry, views
+    from benchmarks.headlines import headlines, row_cells, sections
+    from benchmarks.render import section
+
+    text = section(views(registry())["finetune-speed"], REPO / "BENCHMARKS.md")
+    mrpc, sst2, table = text.split("\n\n")
+    assert mrpc.startswith("Measured on ") and "`python -m benchmarks run finetune-mrpc`" in mrpc
+    assert "mrpc_3_epochs_best_peer_grouped.json" in mrpc and "sst2_1_epoch" not in mrpc
+    assert "`python -m benchmarks run finetune-sst2`" in sst2 and "sst2_1_epoch_best_peer_grouped.json" in sst2
+    assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| MRPC", "| SST-2"]
+    cells, commit = row_cells(headlines()["finetune-speed"], sections(), REPO)
+    assert " on MRPC (3 epochs), " in cells[0] and cells[0].endswith(" on SST-2 (1 epoch)") and commit
+    refused = benchmarks("run", "finetune-speed")
+    assert refused.returncode != 0 and "finetune-speed: run finetune-mrpc finetune-sst2" in refused.stderr
