@@ -233,8 +233,7 @@ FIGURE = 'BENCHMARKS.md, "Fine-tuning against the peer at its best settings"'
 
 BENCHMARKS = (
     Benchmark(name="finetune-mrpc", figure=f"{FIGURE} (its MRPC row)", sides=SIDES, cases=cases("mrpc", 3),
-              setup=setup, check=check, table=table, result="finetune_speed/mrpc.json", legacy=adapt,
-              legacy_files=("finetune_speed/mrpc_3_epochs_best_peer_grouped.json",),
+              setup=setup, check=check, table=table, result="finetune_speed/mrpc.json",
               views=(View("finetune-speed", FIGURE, table, joins=("finetune-sst2",)),),
               repeats=3, quick_repeats=1, warmup=0),
     Benchmark(name="finetune-sst2", figure=f"{FIGURE} (its SST-2 row)", sides=SIDES, cases=cases("sst2", 1),

@@ -557,14 +557,11 @@ def benchmark(name: str, figure: str, sides: tuple[str, ...], table: Callable[[d
 
 BENCHMARKS = (
     benchmark("inference", 'BENCHMARKS.md, "Inference against the peer at its best settings"', BEST_PEERS,
-              best_peers_table, "inference/best_peers.json",
-              ("inference/minilm_best_peers.json", "inference/base_best_peers.json"),
-              legacy=adapt("inference", "python -m benchmarks run inference"),
+              best_peers_table, "inference/best_peers.json", (),
               views=(View("inference-full", 'docs/results/inference/README.md, "Against the peer at its best '
                           'settings: the full table"', full_table),)),
     benchmark("inference-dtypes", 'BENCHMARKS.md, "Inference on real-length batches"', DTYPES, dtypes_table,
-              "inference/dtypes.json", ("inference/minilm.json", "inference/base.json"),
-              legacy=adapt("inference-dtypes", "python -m benchmarks run inference-dtypes")),
+              "inference/dtypes.json", ()),
     benchmark("inference-int8-engines", 'docs/results/inference/README.md, "Against the peer at its best settings: '
               'the int8 engines and bertforge\'s ONNX path"', ENGINES, engines_table, "inference/int8_engines.json",
               ("inference/int8_engines_minilm.json", "inference/int8_engines_base.json"),

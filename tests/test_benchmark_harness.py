@@ -510,7 +510,7 @@ def test_a_joining_view_renders_each_results_caption_and_one_table():
     text = section(views(registry())["finetune-speed"], REPO / "BENCHMARKS.md")
     mrpc, sst2, table = text.split("\n\n")
     assert mrpc.startswith("Measured on ") and "`python -m benchmarks run finetune-mrpc`" in mrpc
-    assert "mrpc_3_epochs_best_peer_grouped.json" in mrpc and "sst2_1_epoch" not in mrpc
+    assert "(docs/results/finetune_speed/mrpc.json)" in mrpc and "sst2" not in mrpc
     assert "`python -m benchmarks run finetune-sst2`" in sst2 and "sst2_1_epoch_best_peer_grouped.json" in sst2
     assert [line.split(" | ")[0] for line in table.splitlines()[2:]] == ["| MRPC", "| SST-2"]
     cells, commit = row_cells(headlines()["finetune-speed"], sections(), REPO)
