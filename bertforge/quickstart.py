@@ -86,15 +86,15 @@ when where which while who whom whose why will wilt with would ye yea yet you yo
 SAMPLE_SEED = 7
 # Fine-tuning on the genre task: the learning rate both comparisons use (BERT-Tiny's and the real checkpoint's).
 GENRE_LR = 2e-4
-# The real checkpoint's comparison (`real_comparison`): 512 passages cut to 64 tokens, 3 epochs, so that six
-# fine-tuning runs of a 6-layer encoder (3 seeds, pre-trained and random) take about 3 minutes on 2 cores
-# (at 128 tokens and lr 5e-5 or 1e-4 the pre-trained side barely left the majority class in that budget).
+# The real checkpoint's comparison (`real_comparison`): few, short passages, so that six fine-tuning runs of
+# a 6-layer encoder (3 seeds, pre-trained and random) fit the quickstart's budget on 2 cores; how the recipe
+# was chosen: docs/results/quickstart/.
 REAL_TRAIN_EXAMPLES = 512
 REAL_EPOCHS = 3.0
 REAL_MAX_SEQ_LENGTH = 64
 REAL_SEEDS = (0, 1, 2)
-# The miniature's genre gap (pre-trained minus random init) spans -2.5 to +4.1 points over seeds 0-2
-# (docs/results/quickstart/): a gap inside this is not read as pre-training's doing.
+# The miniature's genre gap (pre-trained minus random init) that seeds alone produce (docs/results/quickstart/
+# gives its spread): a gap inside this is not read as pre-training's doing.
 SEED_NOISE = 0.05
 FEATURE_LINES = [
     "To be, or not to be, that is the question.",
